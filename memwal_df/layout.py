@@ -1,0 +1,71 @@
+"""The storage layout of a MemWAL table: every path memwal_df reads or writes, relative to the table root.
+
+```
+_mem_wal/{region_uuid}/manifest/{bitrev64(version)}.binpb   region manifest versions (from 1)
+_mem_wal/{region_uuid}/manifest/version_hint.json            {"version":N}
+_mem_wal/{region_uuid}/wal/{bitrev64(position)}.arrow         WAL entries (from 1)
+_mem_wal/{region_uuid}/{hex8}_gen_{g}/                        flushed generation (a Lance table)
+```
+Bit-reversed names spread sequential numbers across the key space (S3 partitions).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+MEM_WAL_DIR = "_mem_wal"
+MANIFEST_DIR = "manifest"
+WAL_DIR = "wal"
+VERSION_HINT = "version_hint.json"
+BLOOM_FILTER_FILE = "bloom_filter.bin"
+PK_INDEX_DIR = "_pk_index"
+
+_GEN_DIR_RE = re.compile(r"^([0-9a-f]{8})_gen_(\d+)$")
+_BITREV_RE = re.compile(r"^([01]{64})\.(arrow|binpb)$")
+
+
+def bitrev64_name(n: int, ext: str) -> str:
+    """File name of `n`: its 64-bit binary form reversed, then `.ext` (Lance: `{:064b}` of reverse_bits)."""
+    if not 0 <= n < 1 << 64:
+        raise ValueError(f"{n} does not fit in 64 bits")
+    return format(n, "064b")[::-1] + "." + ext
+
+
+def parse_bitrev64_name(name: str) -> int | None:
+    """The number a bit-reversed file name stands for, or None if `name` is not one."""
+    m = _BITREV_RE.match(name)
+    return int(m.group(1)[::-1], 2) if m else None
+
+
+def region_dir(region_id: uuid.UUID | str) -> str:
+    return f"{MEM_WAL_DIR}/{uuid.UUID(str(region_id))}"
+
+
+def manifest_path(region_id: uuid.UUID | str, version: int) -> str:
+    return f"{region_dir(region_id)}/{MANIFEST_DIR}/{bitrev64_name(version, 'binpb')}"
+
+
+def version_hint_path(region_id: uuid.UUID | str) -> str:
+    return f"{region_dir(region_id)}/{MANIFEST_DIR}/{VERSION_HINT}"
+
+
+def wal_path(region_id: uuid.UUID | str, position: int) -> str:
+    return f"{region_dir(region_id)}/{WAL_DIR}/{bitrev64_name(position, 'arrow')}"
+
+
+def generation_dir_name(prefix: str, generation: int) -> str:
+    """`{8 lowercase hex}_gen_{g}`; a retried flush uses a new random prefix."""
+    if not re.fullmatch(r"[0-9a-f]{8}", prefix):
+        raise ValueError(f"generation prefix must be 8 lowercase hex digits, got {prefix!r}")
+    return f"{prefix}_gen_{generation}"
+
+
+def parse_generation_dir_name(name: str) -> tuple[str, int] | None:
+    """(prefix, generation) of a generation directory name, or None."""
+    m = _GEN_DIR_RE.match(name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def generation_path(region_id: uuid.UUID | str, dir_name: str) -> str:
+    return f"{region_dir(region_id)}/{dir_name}"

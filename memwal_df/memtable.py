@@ -1,0 +1,81 @@
+"""The MemTable: the in-memory level of one region, one Arrow record batch per write.
+
+Beside the batches it keeps a hash index from primary key to the position of the newest row with that
+key (positions count rows across all batches in write order) and the primary-key bloom filter that is
+flushed as `bloom_filter.bin`. Tombstones (`_tombstone = true`) are rows like any other: the newest row
+of a key decides whether the key exists.
+
+Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `lookup`
+returns the same rows `newest()` holds for those keys. A MemTable is not thread-safe; its region
+writer serializes access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from memwal_df.bloom import BloomFilter
+
+
+def key_list(columns: Sequence[pa.Array | pa.ChunkedArray]) -> list[Hashable]:
+    """Primary keys as hashable Python values: scalars for one column, tuples for composite keys."""
+    values = [c.to_pylist() for c in columns]
+    return values[0] if len(values) == 1 else list(zip(*values, strict=True))
+
+
+class MemTable:
+    """Batches of one generation with a pk → newest-row index and a bloom filter."""
+
+    def __init__(self, generation: int, schema: pa.Schema, primary_key: Sequence[str]) -> None:
+        self.generation = generation
+        self.schema = schema
+        self.primary_key = list(primary_key)
+        self.batches: list[pa.RecordBatch] = []
+        self.bloom = BloomFilter.empty()
+        self._index: dict[Hashable, int] = {}
+        self.num_rows = 0
+        self.nbytes = 0
+        # WAL positions holding this MemTable's rows (inclusive); 0 while none is durable.
+        self.last_wal_position = 0
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    @property
+    def num_keys(self) -> int:
+        return len(self._index)
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        """Add one write (a batch in WAL schema) to the MemTable."""
+        if batch.num_rows == 0:
+            return
+        keys = [batch.column(name) for name in self.primary_key]
+        start = self.num_rows
+        self._index.update(zip(key_list(keys), range(start, start + batch.num_rows), strict=True))
+        self.bloom.insert_keys(keys)
+        self.batches.append(batch)
+        self.num_rows += batch.num_rows
+        self.nbytes += batch.nbytes
+
+    def to_table(self) -> pa.Table:
+        """Every row written, in write order (duplicates and tombstones included)."""
+        return pa.Table.from_batches(self.batches, schema=self.schema)
+
+    def newest_positions(self) -> np.ndarray:
+        """Positions of the newest row of every key, ascending (= forward write order)."""
+        return np.sort(np.fromiter(self._index.values(), dtype=np.int64, count=len(self._index)))
+
+    def newest(self) -> pa.Table:
+        """One row per key, the newest (tombstones included), in forward write order."""
+        table = self.to_table()
+        if len(self._index) == table.num_rows:
+            return table
+        return table.take(pa.array(self.newest_positions()))
+
+    def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
+        """The newest rows (tombstones included) of the given keys that this MemTable holds."""
+        hits = [p for k in key_list(keys) if (p := self._index.get(k)) is not None]
+        return self.to_table().take(pa.array(sorted(set(hits)), pa.int64()))

@@ -1,0 +1,165 @@
+"""The table's schema as writers see it, and the conversion of user input into WAL-schema batches.
+
+Input may be a `pa.Table`, `pa.RecordBatch`, `pa.RecordBatchReader`, a pandas DataFrame, a dict of
+columns or a list of row dicts. Columns are matched by name (order is free); a missing nullable column
+is filled with NULLs; an extra column, a missing non-nullable column or a type that cannot be converted
+without loss raises `SchemaMismatchError`; a NULL in a primary-key column raises
+`NullPrimaryKeyError`. Nothing is written when an error is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_df.errors import NullPrimaryKeyError, SchemaMismatchError
+from memwal_df.wal import TOMBSTONE, wal_schema
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """Columns, primary key and Lance field ids of a MemWAL table."""
+
+    schema: pa.Schema  # the base table's schema (no _tombstone)
+    primary_key: tuple[str, ...]
+    field_ids: dict[str, int]
+    wal: pa.Schema = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.primary_key:
+            raise SchemaMismatchError("a MemWAL table needs a primary key")
+        for name in self.primary_key:
+            if name not in self.schema.names:
+                raise SchemaMismatchError(f"primary key column {name!r} is not in the schema")
+        object.__setattr__(self, "wal", wal_schema(self.schema, self.field_ids))
+
+    @property
+    def key_schema(self) -> pa.Schema:
+        return pa.schema([self.schema.field(n) for n in self.primary_key])
+
+
+def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Types between which a safe cast preserves meaning (widening numbers, string/binary flavours)."""
+    if src == dst:
+        return True
+    groups = (
+        lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+        lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
+        lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t),
+        lambda t: pa.types.is_timestamp(t) or pa.types.is_date(t),
+        lambda t: pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t),
+        pa.types.is_null,
+    )
+    return any(g(src) and g(dst) for g in groups) or pa.types.is_null(src)
+
+
+def to_table(data: Any) -> pa.Table:
+    """Any accepted input as a pa.Table (a RecordBatchReader is read whole; see `iter_tables`)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.read_all()
+    if isinstance(data, dict):
+        return pa.table(data)
+    if isinstance(data, list):
+        return pa.Table.from_pylist(data)
+    if type(data).__module__.startswith("pandas"):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise SchemaMismatchError(f"cannot write data of type {type(data).__name__}")
+
+
+def iter_tables(data: Any, max_rows: int) -> Iterator[pa.Table]:
+    """The input in chunks of at most `max_rows` rows, streaming a RecordBatchReader."""
+    if isinstance(data, pa.RecordBatchReader):
+        for batch in data:
+            yield from iter_tables(batch, max_rows)
+        return
+    table = to_table(data)
+    for offset in range(0, max(table.num_rows, 1), max_rows):
+        yield table.slice(offset, max_rows)
+
+
+def conform(table: pa.Table, target: pa.Schema, what: str = "data") -> pa.Table:
+    """`table` with exactly the columns of `target`, in its order and types."""
+    extra = [n for n in table.column_names if n not in target.names]
+    if extra:
+        raise SchemaMismatchError(f"{what} has columns that are not in the table: {extra}")
+    if len(set(table.column_names)) != len(table.column_names):
+        raise SchemaMismatchError(f"{what} has duplicate column names: {table.column_names}")
+    columns = []
+    for f in target:
+        if f.name not in table.column_names:
+            if not f.nullable:
+                raise SchemaMismatchError(f"{what} lacks the non-nullable column {f.name!r}")
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table.column(f.name)
+        if col.type != f.type:
+            if not _compatible(col.type, f.type):
+                raise SchemaMismatchError(f"column {f.name!r} has type {col.type}, the table has {f.type}")
+            try:
+                col = col.cast(f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaMismatchError(f"column {f.name!r} cannot be converted to {f.type}: {e}") from e
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def check_keys(table: pa.Table, primary_key: tuple[str, ...]) -> None:
+    for name in primary_key:
+        if table.column(name).null_count:
+            raise NullPrimaryKeyError(f"primary key column {name!r} has NULL values")
+
+
+def upsert_batch(ts: TableSchema, data: pa.Table) -> pa.RecordBatch:
+    """User rows as one WAL-schema batch (`_tombstone` false)."""
+    table = conform(data, ts.schema)
+    check_keys(table, ts.primary_key)
+    return _with_tombstone(ts, table, False)
+
+
+def delete_batch(ts: TableSchema, keys: pa.Table) -> pa.RecordBatch:
+    """Tombstone rows for `keys` (the key columns; other columns are NULL)."""
+    key_table = conform(keys, ts.key_schema, what="delete keys")
+    check_keys(key_table, ts.primary_key)
+    n = key_table.num_rows
+    columns = []
+    for f in ts.schema:
+        if f.name in ts.primary_key:
+            columns.append(key_table.column(f.name))
+        elif f.nullable:
+            columns.append(pa.nulls(n, f.type))
+        else:
+            raise SchemaMismatchError(
+                f"cannot delete: column {f.name!r} is not nullable, tombstones need NULLs"
+            )
+    return _with_tombstone(ts, pa.Table.from_arrays(columns, schema=ts.schema), True)
+
+
+def keys_table(ts: TableSchema, keys: Any) -> pa.Table:
+    """Delete keys given as a table/batch/dict/list of rows, or as a bare array/list for one-column keys."""
+    if isinstance(keys, pa.Array | pa.ChunkedArray) or (
+        isinstance(keys, list) and keys and not isinstance(keys[0], dict)
+    ):
+        if len(ts.primary_key) != 1:
+            raise SchemaMismatchError(f"a composite key {ts.primary_key} needs a table of key columns")
+        return pa.table({ts.primary_key[0]: keys})
+    return to_table(keys)
+
+
+def _with_tombstone(ts: TableSchema, table: pa.Table, deleted: bool) -> pa.RecordBatch:
+    flag = pa.array(np.full(table.num_rows, deleted), pa.bool_())
+    columns = [c.combine_chunks() for c in table.columns] + [flag]
+    return pa.RecordBatch.from_arrays(columns, schema=ts.wal)
+
+
+def live_rows(wal_table: pa.Table) -> pa.Table:
+    """Rows of a WAL-schema table that are not tombstones, without the `_tombstone` column."""
+    return wal_table.filter(pc.invert(wal_table.column(TOMBSTONE))).drop_columns([TOMBSTONE])

@@ -1,0 +1,327 @@
+"""A MemWAL table: a Lance base table, its MemWAL index and the regions under `_mem_wal/`.
+
+`create_table` writes the base table (primary key marked as Lance's unenforced primary key) and the
+`__lance_mem_wal` index entry exactly as Lance's `initialize_mem_wal` does; `open_table` opens tables
+made by either. Region ids of spec-governed regions are derived from the spec id and the region values
+(a UUID v4 layout over a SHA-256 digest), so every writer of a value meets in the same region.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from memwal_df import layout, memwal_index
+from memwal_df._proto import memwal_pb2 as pb
+from memwal_df.errors import (
+    InvalidRegionSpecError,
+    NotFoundError,
+    RegionRoutingError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from memwal_df.manifest import RegionManifestStore, region_id_of
+from memwal_df.region import RegionContext, RegionWriter, WriterConfig
+from memwal_df.region_spec import (
+    RegionSpec,
+    UnboundRegionSpec,
+    decode_region_value,
+    encode_region_value,
+    lance_field_ids,
+    result_arrow_type,
+)
+from memwal_df.schema import TableSchema, check_keys, conform, to_table
+from memwal_df.storage import Storage, open_storage
+from memwal_df.wal import Wal
+from memwal_df.writer import TableWriter
+
+
+@dataclass(frozen=True)
+class RegionStatus:
+    """One region as its latest manifest describes it."""
+
+    region_id: uuid.UUID
+    spec_id: int
+    values: tuple[Any, ...] | None
+    manifest_version: int
+    writer_epoch: int
+    replay_after_wal_entry_position: int
+    wal_entry_position_last_seen: int
+    current_generation: int
+    flushed_generations: tuple[tuple[int, str], ...]
+    merged_generation: int
+
+
+class Table:
+    """An open MemWAL table. Cheap to create; `refresh()` re-reads the base table and MemWAL index."""
+
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None) -> None:
+        self.storage: Storage = open_storage(uri, storage_options)
+        self.uri = self.storage.uri
+        self.storage_options = dict(storage_options or {})
+        self.refresh()
+
+    def refresh(self) -> None:
+        try:
+            ds = lance.dataset(self.uri, storage_options=self.storage_options or None)
+        except (ValueError, OSError) as e:
+            raise TableNotFoundError(f"no Lance table at {self.uri}") from e
+        found = memwal_index.read_details(self.uri, self.storage_options or None, version=ds.version)
+        if found is None:
+            raise TableNotFoundError(
+                f"the Lance table at {self.uri} has no MemWAL index ({memwal_index.MEMWAL_INDEX_NAME})"
+            )
+        self.dataset = ds
+        self.details = found[0]
+        pk = memwal_index.primary_key(ds.schema)
+        self.schema = TableSchema(ds.schema, tuple(pk), lance_field_ids(ds))
+        specs = sorted(self.details.sharding_specs, key=lambda s: s.spec_id)
+        self.spec = RegionSpec.from_proto(specs[-1]) if specs else None
+        self._specs = {s.spec_id: RegionSpec.from_proto(s) for s in specs}
+        self.data_storage_version = ds.data_storage_version
+
+    # ------------------------------------------------------------------ regions
+
+    def region_id_for(self, values: tuple[Any, ...]) -> uuid.UUID:
+        """The id of the region holding rows whose region values are `values` under the current spec."""
+        spec = self._require_spec()
+        digest = hashlib.sha256(b"memwal_df.region\x00" + spec.spec_id.to_bytes(4, "little"))
+        for f, v in zip(spec.fields, values, strict=True):
+            digest.update(f.field_id.encode() + b"\x00")
+            digest.update(
+                b"\x00" if v is None else b"\x01" + encode_region_value(v, result_arrow_type(f.result_type))
+            )
+        return uuid.UUID(bytes=digest.digest()[:16], version=4)
+
+    def region_ids(self) -> list[uuid.UUID]:
+        """Every region that has a directory under `_mem_wal/`."""
+        out = []
+        for name in self.storage.list_dir(layout.MEM_WAL_DIR):
+            try:
+                out.append(uuid.UUID(name))
+            except ValueError:
+                continue
+        return sorted(out)
+
+    def region_writer(
+        self,
+        region_id: uuid.UUID | str,
+        *,
+        durable: bool | None = None,
+        indexed: bool | None = None,
+        config: WriterConfig | None = None,
+        **settings: Any,
+    ) -> RegionWriter:
+        """Claim region `region_id` (creating it if needed) and return its writer."""
+        region_id = uuid.UUID(str(region_id))
+        config = config or self._config(durable, indexed, settings)
+        values, entries = self._region_values(region_id)
+        ctx = RegionContext(
+            storage=self.storage,
+            schema=self.schema,
+            data_storage_version=self.data_storage_version,
+            spec=self.spec if values is not None else None,
+            region_values=values,
+            field_entries=entries,
+        )
+        return RegionWriter(ctx, region_id, config)
+
+    def writer(self, *, durable: bool = True, indexed: bool = True, **settings: Any) -> TableWriter:
+        """A writer that routes rows to their regions (the table needs a region spec)."""
+        return TableWriter(self, self._config(durable, indexed, settings))
+
+    def recover(self) -> list[uuid.UUID]:
+        """Claim every region whose WAL holds entries no generation covers, replay and flush them.
+
+        This is what a restarted writer does for the regions it writes to; `recover` does it for all
+        of them, so durable writes of a crashed writer become visible to readers of flushed levels.
+        Returns the recovered regions. Claiming fences any writer still active on those regions.
+        """
+        recovered = []
+        for region_id in self.region_ids():
+            m = RegionManifestStore(self.storage, region_id).latest()
+            if m is None or not Wal(self.storage, region_id).has_data_after(
+                m.replay_after_wal_entry_position
+            ):
+                continue
+            with self.region_writer(region_id):
+                pass
+            recovered.append(region_id)
+        return recovered
+
+    def region_status(self, region_id: uuid.UUID) -> RegionStatus | None:
+        m = RegionManifestStore(self.storage, region_id).latest()
+        if m is None:
+            return None
+        merged = memwal_index.merged_generations(self.details).get(region_id, 0)
+        return RegionStatus(
+            region_id=region_id_of(m),
+            spec_id=m.shard_spec_id,
+            values=self._decode_entries(m),
+            manifest_version=m.version,
+            writer_epoch=m.writer_epoch,
+            replay_after_wal_entry_position=m.replay_after_wal_entry_position,
+            wal_entry_position_last_seen=m.wal_entry_position_last_seen,
+            current_generation=m.current_generation,
+            flushed_generations=tuple((s.generation, s.path) for s in m.sstables),
+            merged_generation=merged,
+        )
+
+    def status(self) -> dict[str, Any]:
+        """Regions, epochs, generations and merge progress, as plain data."""
+        self.refresh()
+        regions = [s for r in self.region_ids() if (s := self.region_status(r)) is not None]
+        return {
+            "uri": self.uri,
+            "base_version": self.dataset.version,
+            "base_rows": self.dataset.count_rows(),
+            "primary_key": list(self.schema.primary_key),
+            "region_spec": None if self.spec is None else self.spec.describe(),
+            "maintained_indexes": (
+                "all" if self.details.maintain_all_indexes else list(self.details.maintained_indexes)
+            ),
+            "regions": regions,
+        }
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require_spec(self) -> RegionSpec:
+        if self.spec is None:
+            raise RegionRoutingError("the table has no region spec; regions are created manually")
+        return self.spec
+
+    def _config(self, durable: bool | None, indexed: bool | None, settings: dict[str, Any]) -> WriterConfig:
+        return WriterConfig.from_defaults(
+            dict(self.details.writer_config_defaults),
+            durable_write=durable,
+            indexed_write=indexed,
+            **settings,
+        )
+
+    def _region_values(self, region_id: uuid.UUID) -> tuple[tuple[Any, ...] | None, dict[str, bytes]]:
+        """A region's spec values: from its manifest if it exists, else by matching the derived id."""
+        m = RegionManifestStore(self.storage, region_id).latest()
+        if m is not None:
+            values = self._decode_entries(m)
+            if values is None:
+                return None, {}
+            return values, {e.field_id: e.value for e in m.shard_field_entries}
+        return None, {}
+
+    def _decode_entries(self, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+        spec = self._specs.get(m.shard_spec_id)
+        if spec is None or not m.shard_field_entries:
+            return None
+        entries = {e.field_id: e.value for e in m.shard_field_entries}
+        return tuple(
+            decode_region_value(entries[f.field_id], result_arrow_type(f.result_type))
+            if f.field_id in entries
+            else None
+            for f in spec.fields
+        )
+
+    def register_region(self, values: tuple[Any, ...]) -> tuple[uuid.UUID, dict[str, bytes]]:
+        """The derived id of a region value tuple and the field entries its manifest records."""
+        spec = self._require_spec()
+        entries = {
+            f.field_id: encode_region_value(v, result_arrow_type(f.result_type))
+            for f, v in zip(spec.fields, values, strict=True)
+            if v is not None
+        }
+        return self.region_id_for(values), entries
+
+    def routed_writer(self, values: tuple[Any, ...], config: WriterConfig) -> RegionWriter:
+        """The writer of the region for `values`, created with its field entries if new."""
+        region_id, entries = self.register_region(values)
+        ctx = RegionContext(
+            storage=self.storage,
+            schema=self.schema,
+            data_storage_version=self.data_storage_version,
+            spec=self.spec,
+            region_values=values,
+            field_entries=entries,
+        )
+        return RegionWriter(ctx, region_id, config)
+
+
+def _exists(storage: Storage) -> bool:
+    try:
+        return bool(storage.list_dir("_versions"))
+    except NotFoundError:
+        return False
+
+
+def create_table(
+    uri: str,
+    data_or_schema: Any,
+    primary_key: str | list[str],
+    region_spec: UnboundRegionSpec | None = None,
+    maintained_indexes: list[str] | None = None,
+    storage_options: dict[str, str] | None = None,
+    data_storage_version: str | None = None,
+) -> Table:
+    """Create the base Lance table (from data or an empty schema) and its MemWAL index."""
+    storage = open_storage(uri, storage_options)
+    if _exists(storage):
+        raise TableExistsError(f"a table already exists at {storage.uri}")
+    pk = [primary_key] if isinstance(primary_key, str) else list(primary_key)
+    if isinstance(data_or_schema, pa.Schema):
+        data = data_or_schema.empty_table()
+    else:
+        data = to_table(data_or_schema)
+    missing = [c for c in pk if c not in data.schema.names]
+    if missing:
+        raise InvalidRegionSpecError(f"primary key columns {missing} are not in the schema")
+    schema = memwal_index.with_primary_key(_nullable_values(data.schema, pk), pk)
+    data = conform(data, schema)
+    check_keys(data, tuple(pk))
+    data = _last_per_key(data, pk)
+    ds = lance.write_dataset(
+        data,
+        storage.uri,
+        schema=schema,
+        mode="create",
+        storage_options=storage_options or None,
+        data_storage_version=data_storage_version,
+    )
+    field_ids = lance_field_ids(ds)
+    details = pb.MemWalIndexDetails()
+    if region_spec is not None:
+        bound = region_spec.bind(field_ids, ds.schema)
+        details.sharding_specs.append(bound.to_proto())
+        if bound.num_regions is not None:
+            details.num_shards = bound.num_regions
+    if maintained_indexes is None:
+        details.maintain_all_indexes = True
+    else:
+        details.maintain_all_indexes = False
+        details.maintained_indexes.extend(maintained_indexes)
+    memwal_index.initialize(storage.uri, details, storage_options or None)
+    return Table(storage.uri, storage_options)
+
+
+def open_table(uri: str, storage_options: dict[str, str] | None = None) -> Table:
+    """Open a MemWAL table (made by memwal_df or by Lance's `initialize_mem_wal`)."""
+    return Table(uri, storage_options)
+
+
+def _nullable_values(schema: pa.Schema, pk: list[str]) -> pa.Schema:
+    """Non-key columns must be nullable: a tombstone row carries only its key."""
+    return pa.schema([f if f.name in pk else f.with_nullable(True) for f in schema], metadata=schema.metadata)
+
+
+def _last_per_key(table: pa.Table, pk: list[str]) -> pa.Table:
+    """Initial data with one row per key, the last one (the base table holds unique keys)."""
+    if table.num_rows == 0:
+        return table
+    idx = pa.array(np.arange(table.num_rows))
+    last = table.append_column("_pos", idx).group_by(pk, use_threads=False).aggregate([("_pos", "max")])
+    if last.num_rows == table.num_rows:
+        return table
+    return table.take(pa.array(np.sort(last.column("_pos_max").to_numpy())))

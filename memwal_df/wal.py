@@ -1,0 +1,157 @@
+"""The write-ahead log of a region: one Arrow IPC stream file per WAL entry, positions from 1.
+
+An entry holds one or more record batches of the table's columns plus `_tombstone: bool not null`,
+with schema metadata `{"generation": g, "writer_epoch": e}` (decimal strings). A fence sentinel entry
+has an empty schema, no batches and metadata `{"fence_sentinel": "true", "writer_epoch": e}`; replay
+skips it. Entries are published with put-if-not-exists, so position N+1 never exists before N and a
+writer that finds its position taken knows a newer writer fenced it.
+
+Guarantees: `decode_entry` either returns the exact batches that were encoded or raises
+`CorruptWalEntryError` naming the file; it never returns part of an entry.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from memwal_df import layout
+from memwal_df.errors import CorruptWalEntryError, NotFoundError
+from memwal_df.storage import Storage
+
+TOMBSTONE = "_tombstone"
+GENERATION_KEY = b"generation"
+EPOCH_KEY = b"writer_epoch"
+SENTINEL_KEY = b"fence_sentinel"
+FIELD_ID_KEY = b"lance:field_id"
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+@dataclass(frozen=True)
+class WalEntry:
+    """A decoded WAL entry. `batches` is empty for a fence sentinel."""
+
+    position: int
+    writer_epoch: int
+    generation: int | None
+    batches: tuple[pa.RecordBatch, ...]
+    is_sentinel: bool
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+
+def wal_schema(table_schema: pa.Schema, field_ids: dict[str, int]) -> pa.Schema:
+    """The schema of WAL entries (and flushed generations): the table's columns with their
+    `lance:field_id` metadata, then `_tombstone: bool not null`."""
+    fields = []
+    for f in table_schema:
+        meta = dict(f.metadata or {})
+        meta[FIELD_ID_KEY] = str(field_ids[f.name]).encode()
+        fields.append(f.with_metadata(meta))
+    fields.append(pa.field(TOMBSTONE, pa.bool_(), nullable=False))
+    return pa.schema(fields)
+
+
+def encode_entry(batches: Sequence[pa.RecordBatch], writer_epoch: int, generation: int) -> bytes:
+    """Serialize data batches (already in WAL schema) as one WAL entry."""
+    if not batches:
+        raise ValueError("a data WAL entry needs at least one batch")
+    schema = batches[0].schema.with_metadata(
+        {GENERATION_KEY: str(generation).encode(), EPOCH_KEY: str(writer_epoch).encode()}
+    )
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, schema) as w:
+        for b in batches:
+            w.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_fence_sentinel(writer_epoch: int) -> bytes:
+    """The fence sentinel a claiming writer writes at the first free position."""
+    schema = pa.schema([]).with_metadata({SENTINEL_KEY: b"true", EPOCH_KEY: str(writer_epoch).encode()})
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, schema):
+        pass
+    return sink.getvalue().to_pybytes()
+
+
+def decode_entry(data: bytes, position: int, path: str) -> WalEntry:
+    """Decode one WAL entry; any malformation raises CorruptWalEntryError naming `path`."""
+    if not data.endswith(_EOS):
+        raise CorruptWalEntryError(f"WAL entry {position} is truncated (no end-of-stream marker)", path)
+    try:
+        reader = ipc.open_stream(pa.py_buffer(data))
+        batches = tuple(reader)
+        for b in batches:
+            b.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as e:
+        raise CorruptWalEntryError(f"WAL entry {position} cannot be decoded ({e})", path) from e
+    meta = reader.schema.metadata or {}
+    try:
+        epoch = int(meta[EPOCH_KEY])
+    except (KeyError, ValueError) as e:
+        raise CorruptWalEntryError(f"WAL entry {position} has no valid writer_epoch", path) from e
+    if meta.get(SENTINEL_KEY) == b"true":
+        if batches:
+            raise CorruptWalEntryError(f"fence sentinel {position} carries data", path)
+        return WalEntry(position, epoch, None, (), True)
+    if TOMBSTONE not in reader.schema.names:
+        raise CorruptWalEntryError(f"WAL entry {position} has no {TOMBSTONE} column", path)
+    try:
+        generation = int(meta[GENERATION_KEY]) if GENERATION_KEY in meta else None
+    except ValueError as e:
+        raise CorruptWalEntryError(f"WAL entry {position} has an invalid generation", path) from e
+    return WalEntry(position, epoch, generation, batches, False)
+
+
+class Wal:
+    """The WAL of one region on a storage backend."""
+
+    def __init__(self, storage: Storage, region_id: uuid.UUID) -> None:
+        self.storage = storage
+        self.region_id = region_id
+
+    def path(self, position: int) -> str:
+        return layout.wal_path(self.region_id, position)
+
+    def append(self, position: int, data: bytes) -> bool:
+        """Publish an encoded entry at `position`; False when that position is already taken."""
+        if position < 1:
+            raise ValueError(f"WAL positions start at 1, got {position}")
+        return self.storage.put_if_not_exists(self.path(position), data)
+
+    def read(self, position: int) -> WalEntry | None:
+        """The entry at `position`, or None if there is none."""
+        path = self.path(position)
+        try:
+            data = self.storage.get(path)
+        except NotFoundError:
+            return None
+        return decode_entry(data, position, path)
+
+    def exists(self, position: int) -> bool:
+        return self.storage.exists(self.path(position))
+
+    def scan(self, start: int) -> Iterator[WalEntry]:
+        """Entries from `start` upward, in order, until the first missing position."""
+        position = start
+        while (entry := self.read(position)) is not None:
+            yield entry
+            position += 1
+
+    def has_data_after(self, position: int) -> bool:
+        """Whether a data entry (not only sentinels) exists after `position`."""
+        return any(not e.is_sentinel for e in self.scan(position + 1))
+
+    def last_position(self, start: int) -> int:
+        """The highest existing position at or after `start` - 1, probing forward with HEAD requests."""
+        position = start
+        while self.exists(position):
+            position += 1
+        return position - 1

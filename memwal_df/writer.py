@@ -1,0 +1,121 @@
+"""The table writer: routes each row to the region its region-spec values name, one region writer each.
+
+Rows are grouped by their region values with one vectorized group-by per write; each group goes to the
+writer of its region, which is claimed on first use (a new region is created for a new value, with a
+region id derived from the values, so concurrent writers of the same value meet in the same region and
+fence each other instead of splitting a key across two regions).
+
+Guarantees: input is validated as a whole (schema, NULL keys, routability) before any region receives
+a row; a write spanning several regions is applied region by region (regions are independent, there is
+no cross-region atomicity); `close()` flushes and closes every region writer, reporting the first error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from memwal_df.errors import MemWalError, RegionRoutingError
+from memwal_df.region import RegionWriter, WriterConfig
+from memwal_df.schema import check_keys, conform, iter_tables, keys_table
+
+if TYPE_CHECKING:
+    from memwal_df.table import Table
+
+
+class TableWriter:
+    """Writes to every region of a table through per-region writers."""
+
+    def __init__(self, table: Table, config: WriterConfig) -> None:
+        if table.spec is None:
+            raise RegionRoutingError(
+                "the table has no region spec, so rows cannot be routed: use table.region_writer(region_id)"
+            )
+        self.table = table
+        self.spec = table.spec
+        self.config = config
+        self.writers: dict[uuid.UUID, RegionWriter] = {}
+        self._closed = False
+
+    def put(self, data: Any) -> None:
+        """Upsert rows, routed to their regions."""
+        ts = self.table.schema
+        for chunk in iter_tables(data, self.config.max_memtable_rows):
+            table = conform(chunk, ts.schema)
+            check_keys(table, ts.primary_key)
+            for values, part in self._route(table):
+                self._writer(values).put(part)
+
+    def delete(self, keys: Any) -> None:
+        """Delete rows by primary key; the region spec must depend on key columns only."""
+        ts = self.table.schema
+        key_ids = {ts.field_ids[c] for c in ts.primary_key}
+        if any(sid not in key_ids for f in self.spec.fields for sid in f.source_ids):
+            raise RegionRoutingError(
+                "the region spec reads non-key columns, so a key alone cannot be routed: "
+                "delete through table.region_writer(region_id)"
+            )
+        table = conform(keys_table(ts, keys), ts.key_schema, what="delete keys")
+        check_keys(table, ts.primary_key)
+        for values, part in self._route(table):
+            self._writer(values).delete(part)
+
+    def flush(self) -> None:
+        """Seal and flush every region's MemTable into a generation."""
+        for w in list(self.writers.values()):
+            w.flush()
+
+    def close(self) -> None:
+        """Flush and close every region writer; raises the first error after closing all of them."""
+        if self._closed:
+            return
+        self._closed = True
+        first: BaseException | None = None
+        for w in self.writers.values():
+            try:
+                w.close()
+            except MemWalError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    def abort(self) -> None:
+        """Stop every region writer without flushing (as a crash would)."""
+        self._closed = True
+        for w in self.writers.values():
+            w.abort()
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _writer(self, values: tuple[Any, ...]) -> RegionWriter:
+        region_id = self.table.region_id_for(values)
+        w = self.writers.get(region_id)
+        if w is None:
+            w = self.writers[region_id] = self.table.routed_writer(values, self.config)
+        return w
+
+    def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
+        """(region values, rows) groups of `table`, rows in their input order."""
+        values = self.spec.evaluate(table, self.table.schema.field_ids)
+        names = [f"v{i}" for i in range(len(values))]
+        grouped = (
+            pa.table([*values, pa.array(np.arange(table.num_rows))], names=[*names, "_row"])
+            .group_by(names, use_threads=False)
+            .aggregate([("_row", "list")])
+        )
+        out = []
+        for i in range(grouped.num_rows):
+            key = tuple(grouped.column(n)[i].as_py() for n in names)
+            rows = grouped.column("_row_list")[i].values
+            out.append((key, table.take(rows)))
+        return out

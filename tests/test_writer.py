@@ -1,0 +1,220 @@
+"""Region writer and routed table writer: writes, deletes, flushes, replay, fencing, bad input."""
+
+from __future__ import annotations
+
+import uuid
+
+import lance
+import pyarrow as pa
+import pytest
+from reference import stored_rows
+
+import memwal_df as mw
+from memwal_df import errors, layout
+from memwal_df.manifest import RegionManifestStore
+from memwal_df.wal import Wal
+
+SCHEMA = pa.schema(
+    [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("v", pa.float64())]
+)
+
+
+def rows(ids, tag="a"):
+    return pa.table(
+        {"id": pa.array(ids, pa.int64()), "name": [f"{tag}{i}" for i in ids], "v": [float(i) for i in ids]},
+        schema=SCHEMA,
+    )
+
+
+def expected(*tables, deleted=()):
+    model = {}
+    for t in tables:
+        for r in t.to_pylist():
+            model[r["id"]] = r
+    for k in deleted:
+        model.pop(k, None)
+    return model
+
+
+@pytest.fixture
+def table(table_uri, table_storage_options):
+    return mw.create_table(
+        table_uri,
+        rows([1, 2, 3], "base"),
+        "id",
+        region_spec=mw.bucket("id", 4),
+        storage_options=table_storage_options,
+    )
+
+
+def test_put_delete_flush_roundtrip(table):
+    a, b = rows(range(0, 40)), rows(range(20, 60), "b")
+    with table.writer() as w:
+        w.put(a)
+        w.put(b)
+        w.delete([5, 25, 2])
+    got = stored_rows(table)
+    assert got == expected(rows([1, 2, 3], "base"), a, b, deleted=[5, 25, 2])
+    regions = table.status()["regions"]
+    assert 1 <= len(regions) <= 4
+    assert all(len(r.flushed_generations) == 1 and r.current_generation == 2 for r in regions)
+
+
+def test_rows_land_in_their_bucket_region(table):
+    with table.writer() as w:
+        w.put(rows(range(100)))
+    for st in table.status()["regions"]:
+        m = RegionManifestStore(table.storage, st.region_id).latest()
+        uri = table.storage.child_uri(layout.generation_path(st.region_id, m.sstables[0].path))
+        ids = lance.dataset(uri, storage_options=table.storage_options or None).to_table()["id"]
+        values = table.spec.evaluate(pa.table({"id": ids}), table.schema.field_ids)[0]
+        assert set(values.to_pylist()) == {st.values[0]}
+
+
+def test_durable_writes_survive_a_crash(table):
+    w = table.writer()
+    w.put(rows(range(10)))
+    w.delete([3])
+    w.abort()  # crash: nothing flushed
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"))
+    with table.writer() as w2:  # claims the region of key 100 again and replays its WAL
+        w2.put(rows([100]))
+    recovered = table.recover()  # claims, replays and flushes every other region
+    assert recovered
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows(range(10)), rows([100]), deleted=[3])
+    assert table.recover() == []  # nothing left to recover
+
+
+def test_replay_rebuilds_memtable_with_fence_sentinel(table):
+    rid = table.region_id_for((0,))
+    keys = [
+        k
+        for k in range(200)
+        if table.spec.evaluate(pa.table({"id": [k]}), table.schema.field_ids)[0][0].as_py() == 0
+    ]
+    w = table.routed_writer((0,), mw.WriterConfig())
+    w.put(rows(keys[:5]))
+    w.put(rows(keys[5:8]))
+    w.abort()
+    w2 = table.routed_writer((0,), mw.WriterConfig())
+    assert w2.epoch == 2
+    assert sorted(r["id"] for r in w2.memtables[-1].newest().to_pylist()) == sorted(keys[:8])
+    sentinel = Wal(table.storage, rid).read(3)
+    assert sentinel.is_sentinel and sentinel.writer_epoch == 2
+    m = RegionManifestStore(table.storage, rid).latest()
+    assert (m.version, m.writer_epoch, m.wal_entry_position_last_seen) == (3, 2, 3)
+    w2.close()
+    assert RegionManifestStore(table.storage, rid).latest().replay_after_wal_entry_position == 3
+
+
+def test_fenced_writer_fails_and_new_writer_keeps_its_entries(table):
+    """Appendix 1: A's entries written before B claimed are replayed by B; A is fenced afterwards."""
+    rid = uuid.uuid4()
+    a = table.region_writer(rid)
+    a.put(rows([1, 2]))
+    b = table.region_writer(rid)
+    with pytest.raises(errors.WriterFencedError):
+        a.put(rows([3]))
+    with pytest.raises(errors.WriterFencedError):
+        a.flush()
+    b.put(rows([4]))
+    b.close()
+    a.close()  # closing a fenced writer does not raise
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([1, 2]), rows([4]))
+
+
+def test_non_durable_writes_batch_into_multi_batch_entries(table):
+    rid = uuid.uuid4()
+    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
+    for i in range(5):
+        w.put(rows([10 + i]))
+    w.flush()
+    entry = Wal(table.storage, rid).read(1)
+    assert len(entry.batches) == 5 and entry.generation == 1
+    w.close()
+
+
+def test_non_durable_writes_are_lost_on_crash_before_the_interval(table):
+    rid = uuid.uuid4()
+    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
+    w.put(rows([10]))
+    w.abort()
+    with table.region_writer(rid) as w2:
+        assert w2.memtables[-1].num_rows == 0
+
+
+def test_memtable_flushes_by_row_threshold(table):
+    rid = uuid.uuid4()
+    with table.region_writer(rid, max_memtable_rows=10) as w:
+        for i in range(5):
+            w.put(rows(range(i * 10, i * 10 + 10)))
+    m = RegionManifestStore(table.storage, rid).latest()
+    assert [s.generation for s in m.sstables] == [1, 2, 3, 4, 5]
+    assert m.current_generation == 6
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (pa.table({"id": [1], "name": ["x"], "v": [1.0], "extra": [1]}), errors.SchemaMismatchError),
+        (pa.table({"id": [1], "name": [1.5], "v": [1.0]}), errors.SchemaMismatchError),
+        (pa.table({"name": ["x"], "v": [1.0]}), errors.SchemaMismatchError),
+        (
+            pa.table({"id": pa.array([1, None], pa.int64()), "name": ["x", "y"], "v": [1.0, 2.0]}),
+            errors.NullPrimaryKeyError,
+        ),
+        ("not a table", errors.SchemaMismatchError),
+    ],
+)
+def test_bad_input_is_rejected_and_table_intact(table, bad, error):
+    with table.writer() as w:
+        w.put(rows([7]))
+        with pytest.raises(error):
+            w.put(bad)
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([7]))
+
+
+def test_key_routed_to_the_wrong_region_is_rejected(table):
+    w = table.routed_writer((1,), mw.WriterConfig())
+    with pytest.raises(errors.RegionRoutingError):
+        w.put(rows(range(50)))  # 50 keys cannot all hash to bucket 1
+    w.close()
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"))
+
+
+def test_truncated_wal_entry_gives_typed_error_naming_the_file(table):
+    rid = uuid.uuid4()
+    w = table.region_writer(rid)
+    w.put(rows([1, 2, 3]))
+    w.abort()
+    path = layout.wal_path(rid, 1)
+    data = table.storage.get(path)
+    table.storage.put(path, data[: len(data) // 2])
+    with pytest.raises(errors.CorruptWalEntryError) as e:
+        table.region_writer(rid)
+    assert path in str(e.value)
+    table.storage.put(path, data)  # restored: the region is usable again
+    with table.region_writer(rid) as w2:
+        assert w2.memtables[-1].num_rows == 3
+
+
+def test_reopen_table_and_status(table, table_uri, table_storage_options):
+    with table.writer() as w:
+        w.put(rows(range(10)))
+    t2 = mw.open_table(table_uri, table_storage_options)
+    assert t2.schema.primary_key == ("id",)
+    st = t2.status()
+    assert st["base_rows"] == 3 and sum(len(r.flushed_generations) for r in st["regions"]) == len(
+        st["regions"]
+    )
+
+
+def test_create_table_twice_fails(table, table_uri, table_storage_options):
+    with pytest.raises(errors.TableExistsError):
+        mw.create_table(table_uri, SCHEMA, "id", storage_options=table_storage_options)
+
+
+def test_open_plain_lance_table_without_memwal_fails(tmp_path):
+    lance.write_dataset(rows([1]), str(tmp_path / "plain"))
+    with pytest.raises(errors.TableNotFoundError):
+        mw.open_table(str(tmp_path / "plain"))
