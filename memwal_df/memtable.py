@@ -2,8 +2,9 @@
 
 Beside the batches it keeps a hash index from primary key to the position of the newest row with that
 key (positions count rows across all batches in write order) and the primary-key bloom filter that is
-flushed as `bloom_filter.bin`. Tombstones (`_tombstone = true`) are rows like any other: the newest row
-of a key decides whether the key exists.
+flushed as `bloom_filter.bin`. Both catch up with the batches when they are read, in one vectorized pass
+over every batch appended since, so a write pays only for appending its batch. Tombstones
+(`_tombstone = true`) are rows like any other: the newest row of a key decides whether the key exists.
 
 Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `lookup`
 returns the same rows `newest()` holds for those keys. A MemTable is not thread-safe; its region
@@ -34,8 +35,10 @@ class MemTable:
         self.schema = schema
         self.primary_key = list(primary_key)
         self.batches: list[pa.RecordBatch] = []
-        self.bloom = BloomFilter.empty()
+        self._bloom = BloomFilter.empty()
         self._index: dict[Hashable, int] = {}
+        self._indexed_batches = 0  # batches already in _index and _bloom
+        self._indexed_rows = 0
         self.num_rows = 0
         self.nbytes = 0
         # WAL positions holding this MemTable's rows (inclusive); 0 while none is durable.
@@ -46,19 +49,33 @@ class MemTable:
 
     @property
     def num_keys(self) -> int:
-        return len(self._index)
+        return len(self._catch_up())
+
+    @property
+    def bloom(self) -> BloomFilter:
+        """The bloom filter of every key written (tombstones included)."""
+        self._catch_up()
+        return self._bloom
 
     def append(self, batch: pa.RecordBatch) -> None:
         """Add one write (a batch in WAL schema) to the MemTable."""
         if batch.num_rows == 0:
             return
-        keys = [batch.column(name) for name in self.primary_key]
-        start = self.num_rows
-        self._index.update(zip(key_list(keys), range(start, start + batch.num_rows), strict=True))
-        self.bloom.insert_keys(keys)
         self.batches.append(batch)
         self.num_rows += batch.num_rows
         self.nbytes += batch.nbytes
+
+    def _catch_up(self) -> dict[Hashable, int]:
+        """Index and bloom-filter the batches appended since the last call; returns the index."""
+        if self._indexed_batches < len(self.batches):
+            new = pa.Table.from_batches(self.batches[self._indexed_batches :], schema=self.schema)
+            keys = [new.column(name) for name in self.primary_key]
+            start = self._indexed_rows
+            self._index.update(zip(key_list(keys), range(start, start + new.num_rows), strict=True))
+            self._bloom.insert_keys(keys)
+            self._indexed_batches = len(self.batches)
+            self._indexed_rows += new.num_rows
+        return self._index
 
     def to_table(self) -> pa.Table:
         """Every row written, in write order (duplicates and tombstones included)."""
@@ -66,16 +83,18 @@ class MemTable:
 
     def newest_positions(self) -> np.ndarray:
         """Positions of the newest row of every key, ascending (= forward write order)."""
-        return np.sort(np.fromiter(self._index.values(), dtype=np.int64, count=len(self._index)))
+        index = self._catch_up()
+        return np.sort(np.fromiter(index.values(), dtype=np.int64, count=len(index)))
 
     def newest(self) -> pa.Table:
         """One row per key, the newest (tombstones included), in forward write order."""
         table = self.to_table()
-        if len(self._index) == table.num_rows:
+        if len(self._catch_up()) == table.num_rows:
             return table
         return table.take(pa.array(self.newest_positions()))
 
     def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
         """The newest rows (tombstones included) of the given keys that this MemTable holds."""
-        hits = [p for k in key_list(keys) if (p := self._index.get(k)) is not None]
+        index = self._catch_up()
+        hits = [p for k in key_list(keys) if (p := index.get(k)) is not None]
         return self.to_table().take(pa.array(sorted(set(hits)), pa.int64()))

@@ -189,6 +189,12 @@ class RegionWriter:
             self._write(batch)
             self._stats["puts"] += 1
 
+    def _put_routed(self, rows: pa.Table, deleted: bool) -> None:
+        """Write rows that the table writer conformed and routed to this region (no re-check)."""
+        batch = (delete_batch if deleted else upsert_batch)(self.ctx.schema, rows)
+        self._write(batch)
+        self._stats["deletes" if deleted else "puts"] += 1
+
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key (a table of key columns, or an array/list for one-column keys)."""
         batch = delete_batch(self.ctx.schema, keys_table(self.ctx.schema, keys))

@@ -13,17 +13,20 @@ no cross-region atomicity); `close()` flushes and closes every region writer, re
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from memwal_df.errors import MemWalError, RegionRoutingError
+from memwal_df.errors import RegionRoutingError
 from memwal_df.region import RegionWriter, WriterConfig
 from memwal_df.schema import check_keys, conform, iter_tables, keys_table
 
 if TYPE_CHECKING:
     from memwal_df.table import Table
+
+_MAX_PARALLEL_REGIONS = 8
 
 
 class TableWriter:
@@ -38,6 +41,8 @@ class TableWriter:
         self.spec = table.spec
         self.config = config
         self.writers: dict[uuid.UUID, RegionWriter] = {}
+        self._by_values: dict[tuple[Any, ...], RegionWriter] = {}
+        self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
     def put(self, data: Any) -> None:
@@ -46,8 +51,7 @@ class TableWriter:
         for chunk in iter_tables(data, self.config.max_memtable_rows):
             table = conform(chunk, ts.schema)
             check_keys(table, ts.primary_key)
-            for values, part in self._route(table):
-                self._writer(values).put(part)
+            self._write_parts(self._route(table), deleted=False)
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key; the region spec must depend on key columns only."""
@@ -60,33 +64,51 @@ class TableWriter:
             )
         table = conform(keys_table(ts, keys), ts.key_schema, what="delete keys")
         check_keys(table, ts.primary_key)
-        for values, part in self._route(table):
-            self._writer(values).delete(part)
+        self._write_parts(self._route(table), deleted=True)
 
     def flush(self) -> None:
-        """Seal and flush every region's MemTable into a generation."""
-        for w in list(self.writers.values()):
-            w.flush()
+        """Seal and flush every region's MemTable into a generation (regions in parallel)."""
+        self._run([(w.flush, ()) for w in self.writers.values()])
+
+    def _write_parts(self, parts: list[tuple[tuple[Any, ...], pa.Table]], deleted: bool) -> None:
+        """Hand each region its rows; regions write (and fsync) concurrently."""
+        writers = [self._writer(values) for values, _ in parts]
+        self._run([(w._put_routed, (rows, deleted)) for w, (_, rows) in zip(writers, parts, strict=True)])
+
+    def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
+        """Run the calls (one per region) concurrently; raise the first error after all finished."""
+        if len(calls) == 1:
+            fn, args = calls[0]
+            fn(*args)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_MAX_PARALLEL_REGIONS, thread_name_prefix="memwal-route")
+        futures = [self._pool.submit(fn, *args) for fn, args in calls]
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         """Flush and close every region writer; raises the first error after closing all of them."""
         if self._closed:
             return
         self._closed = True
-        first: BaseException | None = None
-        for w in self.writers.values():
-            try:
-                w.close()
-            except MemWalError as e:
-                first = first or e
-        if first is not None:
-            raise first
+        try:
+            self._run([(w.close, ()) for w in self.writers.values()])
+        finally:
+            self._shutdown_pool()
 
     def abort(self) -> None:
         """Stop every region writer without flushing (as a crash would)."""
         self._closed = True
         for w in self.writers.values():
             w.abort()
+        self._shutdown_pool()
+
+    def _shutdown_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def __enter__(self) -> TableWriter:
         return self
@@ -98,10 +120,10 @@ class TableWriter:
             self.abort()
 
     def _writer(self, values: tuple[Any, ...]) -> RegionWriter:
-        region_id = self.table.region_id_for(values)
-        w = self.writers.get(region_id)
+        w = self._by_values.get(values)
         if w is None:
-            w = self.writers[region_id] = self.table.routed_writer(values, self.config)
+            w = self.table.routed_writer(values, self.config)
+            self.writers[w.region_id] = self._by_values[values] = w
         return w
 
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
