@@ -55,7 +55,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class WriterConfig:
-    """Writer settings; names and defaults follow Lance's `writer_config_defaults`."""
+    """Writer settings; names and defaults follow Lance's `writer_config_defaults`.
+
+    `durable_write`: a write returns after its WAL entry is stored; otherwise entries are batched by
+    size (`max_wal_buffer_size`), count (`max_wal_buffer_batches`) and age (`max_wal_flush_interval_ms`).
+    `indexed_write`: the key index and bloom filter are current whenever they are read either way;
+    vector and full-text MemTable indexes do not exist yet, so the setting has no other effect today.
+    """
 
     durable_write: bool = True
     indexed_write: bool = True

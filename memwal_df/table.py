@@ -20,13 +20,14 @@ import pyarrow as pa
 from memwal_df import layout, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
-    InvalidRegionSpecError,
     NotFoundError,
     RegionRoutingError,
+    SchemaMismatchError,
     TableExistsError,
     TableNotFoundError,
 )
 from memwal_df.manifest import RegionManifestStore, region_id_of
+from memwal_df.pk_index import is_supported_pk_type
 from memwal_df.region import RegionContext, RegionWriter, WriterConfig
 from memwal_df.region_spec import (
     RegionSpec,
@@ -277,7 +278,15 @@ def create_table(
         data = to_table(data_or_schema)
     missing = [c for c in pk if c not in data.schema.names]
     if missing:
-        raise InvalidRegionSpecError(f"primary key columns {missing} are not in the schema")
+        raise SchemaMismatchError(f"primary key columns {missing} are not in the schema")
+    unsupported = {
+        c: str(data.schema.field(c).type) for c in pk if not is_supported_pk_type(data.schema.field(c).type)
+    }
+    if unsupported:
+        raise SchemaMismatchError(
+            f"primary key columns of these types are not supported by Lance 14: {unsupported} "
+            "(use integers, booleans, strings or binaries)"
+        )
     schema = memwal_index.with_primary_key(_nullable_values(data.schema, pk), pk)
     data = conform(data, schema)
     check_keys(data, tuple(pk))

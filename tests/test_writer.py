@@ -218,3 +218,16 @@ def test_open_plain_lance_table_without_memwal_fails(tmp_path):
     lance.write_dataset(rows([1]), str(tmp_path / "plain"))
     with pytest.raises(errors.TableNotFoundError):
         mw.open_table(str(tmp_path / "plain"))
+
+
+@pytest.mark.parametrize("pk_type", [pa.float64(), pa.date32(), pa.timestamp("us")])
+def test_unsupported_primary_key_types_are_rejected(tmp_path, pk_type):
+    schema = pa.schema([pa.field("k", pk_type, nullable=False), pa.field("v", pa.int64())])
+    with pytest.raises(errors.SchemaMismatchError, match="not supported"):
+        mw.create_table(str(tmp_path / "t"), schema, "k")
+    assert not (tmp_path / "t").exists()
+
+
+def test_missing_primary_key_column_is_rejected(tmp_path):
+    with pytest.raises(errors.SchemaMismatchError):
+        mw.create_table(str(tmp_path / "t"), SCHEMA, "nope")
