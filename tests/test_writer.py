@@ -231,3 +231,69 @@ def test_unsupported_primary_key_types_are_rejected(tmp_path, pk_type):
 def test_missing_primary_key_column_is_rejected(tmp_path):
     with pytest.raises(errors.SchemaMismatchError):
         mw.create_table(str(tmp_path / "t"), SCHEMA, "nope")
+
+
+def test_backpressure_blocks_then_times_out_with_a_clear_error(table, monkeypatch):
+    """Writes block while unflushed bytes exceed the limit and fail with a typed error after the timeout."""
+    import threading
+
+    from memwal_df import region
+
+    release = threading.Event()
+    real = region.write_generation
+
+    def slow_write_generation(*args, **kwargs):  # a stalled store: the flush cannot finish
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(region, "write_generation", slow_write_generation)
+    w = table.region_writer(
+        uuid.uuid4(), max_memtable_rows=10, max_unflushed_memtable_bytes=1, backpressure_timeout_s=0.3
+    )
+    w.put(rows(range(10)))  # fills the MemTable: sealed, its flush stalls
+    with pytest.raises(errors.BackpressureTimeoutError, match="max_unflushed_memtable_bytes"):
+        w.put(rows([100]))
+    release.set()
+    w.put(rows([101]))  # the flush finished: room again
+    w.close()
+    got = stored_rows(table)
+    assert set(range(10)) | {101} <= set(got)
+    assert 100 not in got  # the write that timed out was not applied
+
+
+def test_fenced_non_durable_writer_reports_what_was_not_made_durable(table):
+    rid = uuid.uuid4()
+    a = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
+    a.put(rows([1, 2]))
+    b = table.region_writer(rid)  # claims: A's buffered rows never reached the WAL
+    with pytest.raises(errors.WriterFencedError) as e:
+        a.flush()
+    assert sorted(e.value.not_durable.column("id").to_pylist()) == [1, 2]
+    with pytest.raises(errors.WriterFencedError):
+        a.put(rows([3]))
+    b.close()
+    a.close()
+    assert {r["id"]: r["name"] for r in stored_rows(table).values()} == {1: "base1", 2: "base2", 3: "base3"}
+
+
+def test_failed_generation_write_retries_in_a_new_directory(table, monkeypatch):
+    from memwal_df import generation
+
+    calls = {"n": 0}
+    real = generation.write_pk_index
+
+    def failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("injected: the store refused the pk index")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "write_pk_index", failing_once)
+    rid = uuid.uuid4()
+    with table.region_writer(rid) as w:
+        w.put(rows([40, 41]))
+    m = RegionManifestStore(table.storage, rid).latest()
+    assert [s.generation for s in m.sstables] == [1]
+    dirs = [d for d in table.storage.list_dir(layout.region_dir(rid)) if layout.parse_generation_dir_name(d)]
+    assert len(dirs) == 2 and m.sstables[0].path in dirs  # the failed attempt's directory is not referenced
+    assert {40, 41} <= set(stored_rows(table))
