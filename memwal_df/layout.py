@@ -21,8 +21,13 @@ VERSION_HINT = "version_hint.json"
 BLOOM_FILTER_FILE = "bloom_filter.bin"
 PK_INDEX_DIR = "_pk_index"
 
-_GEN_DIR_RE = re.compile(r"^([0-9a-f]{8})_gen_(\d+)$")
-_BITREV_RE = re.compile(r"^([01]{64})\.(arrow|binpb)$")
+# Matched with fullmatch: `$` would also accept a trailing newline. ASCII digits only (`\d` and int()
+# accept any Unicode digit), and no leading zero, so that a name parses to exactly one generation and
+# back to the same name.
+_GEN_DIR_RE = re.compile(r"([0-9a-f]{8})_gen_(0|[1-9][0-9]*)")
+_BITREV_RE = re.compile(r"([01]{64})\.(arrow|binpb)")
+_HEX8_RE = re.compile(r"[0-9a-f]{8}")
+_U64_MAX = (1 << 64) - 1
 
 
 def bitrev64_name(n: int, ext: str) -> str:
@@ -34,7 +39,7 @@ def bitrev64_name(n: int, ext: str) -> str:
 
 def parse_bitrev64_name(name: str) -> int | None:
     """The number a bit-reversed file name stands for, or None if `name` is not one."""
-    m = _BITREV_RE.match(name)
+    m = _BITREV_RE.fullmatch(name)
     return int(m.group(1)[::-1], 2) if m else None
 
 
@@ -56,15 +61,19 @@ def wal_path(region_id: uuid.UUID | str, position: int) -> str:
 
 def generation_dir_name(prefix: str, generation: int) -> str:
     """`{8 lowercase hex}_gen_{g}`; a retried flush uses a new random prefix."""
-    if not re.fullmatch(r"[0-9a-f]{8}", prefix):
+    if not isinstance(prefix, str) or not _HEX8_RE.fullmatch(prefix):
         raise ValueError(f"generation prefix must be 8 lowercase hex digits, got {prefix!r}")
+    if not 0 <= generation <= _U64_MAX:
+        raise ValueError(f"generation {generation} is not a u64")
     return f"{prefix}_gen_{generation}"
 
 
 def parse_generation_dir_name(name: str) -> tuple[str, int] | None:
     """(prefix, generation) of a generation directory name, or None."""
-    m = _GEN_DIR_RE.match(name)
-    return (m.group(1), int(m.group(2))) if m else None
+    m = _GEN_DIR_RE.fullmatch(name)
+    if m is None or int(m.group(2)) > _U64_MAX:
+        return None
+    return m.group(1), int(m.group(2))
 
 
 def generation_path(region_id: uuid.UUID | str, dir_name: str) -> str:

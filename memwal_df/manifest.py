@@ -23,6 +23,7 @@ from memwal_df.errors import CorruptManifestError, NotFoundError, StorageError
 from memwal_df.storage import Storage
 
 DEFAULT_SCAN_BATCH = 2
+_U64_MAX = (1 << 64) - 1
 
 
 def new_manifest(region_id: uuid.UUID, spec_id: int, field_entries: dict[str, bytes]) -> pb.ShardManifest:
@@ -74,12 +75,15 @@ class RegionManifestStore:
         return m
 
     def _hint(self) -> int:
+        """The version the hint names; 1 when it is missing or is not a valid u64 version (corrupt,
+        `1e400`, beyond u64 ...): it is only where probing starts."""
         try:
-            return max(
-                1, int(json.loads(self.storage.get(layout.version_hint_path(self.region_id)))["version"])
-            )
-        except (NotFoundError, ValueError, KeyError, TypeError):
+            version = json.loads(self.storage.get(layout.version_hint_path(self.region_id)))["version"]
+        except (NotFoundError, ValueError, KeyError, TypeError, IndexError):
             return 1
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= _U64_MAX:
+            return 1
+        return version
 
     def latest_version(self) -> int:
         """The newest committed version number, 0 if the region has no manifest."""
@@ -127,7 +131,11 @@ class RegionManifestStore:
     def list_versions(self) -> list[int]:
         """Every version present in storage, ascending."""
         prefix = f"{layout.region_dir(self.region_id)}/{layout.MANIFEST_DIR}"
-        versions = (layout.parse_bitrev64_name(name) for name in self.storage.list_dir(prefix))
+        versions = (
+            layout.parse_bitrev64_name(name)
+            for name in self.storage.list_dir(prefix)
+            if name.endswith(".binpb")  # not a stray `.arrow` (a WAL-style name) or other files
+        )
         return sorted(v for v in versions if v is not None)
 
     def history(self) -> Iterator[pb.ShardManifest]:

@@ -191,6 +191,8 @@ class RegionWriter:
         """Upsert rows (any accepted input: pa.Table, RecordBatch, RecordBatchReader, pandas, dict, list)."""
         for chunk in iter_tables(data, self.config.max_memtable_rows):
             batch = upsert_batch(self.ctx.schema, chunk)
+            if batch.num_rows == 0:
+                continue
             self._check_region(batch)
             self._write(batch)
             self._stats["puts"] += 1
@@ -204,6 +206,8 @@ class RegionWriter:
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key (a table of key columns, or an array/list for one-column keys)."""
         batch = delete_batch(self.ctx.schema, keys_table(self.ctx.schema, keys))
+        if batch.num_rows == 0:
+            return
         self._check_region(batch, keys_only=True)
         self._write(batch)
         self._stats["deletes"] += 1

@@ -51,11 +51,18 @@ def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
         lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
         lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
         lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t),
-        lambda t: pa.types.is_timestamp(t) or pa.types.is_date(t),
+        pa.types.is_timestamp,
+        pa.types.is_date,
         lambda t: pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t),
         pa.types.is_null,
     )
-    return any(g(src) and g(dst) for g in groups) or pa.types.is_null(src)
+    return (
+        any(g(src) and g(dst) for g in groups)
+        or pa.types.is_null(src)
+        # a date widens to a timestamp; the reverse would drop the time of day (Arrow's safe cast
+        # does not check that)
+        or (pa.types.is_date(src) and pa.types.is_timestamp(dst))
+    )
 
 
 def to_table(data: Any) -> pa.Table:
@@ -66,10 +73,13 @@ def to_table(data: Any) -> pa.Table:
         return pa.Table.from_batches([data])
     if isinstance(data, pa.RecordBatchReader):
         return data.read_all()
-    if isinstance(data, dict):
-        return pa.table(data)
-    if isinstance(data, list):
-        return pa.Table.from_pylist(data)
+    if isinstance(data, dict | list):
+        if isinstance(data, list) and not all(isinstance(row, dict) for row in data):
+            raise SchemaMismatchError("a list of rows must hold dicts (column name -> value)")
+        try:
+            return pa.table(data) if isinstance(data, dict) else pa.Table.from_pylist(data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise SchemaMismatchError(f"cannot convert the {type(data).__name__} to columns: {e}") from e
     if type(data).__module__.startswith("pandas"):
         return pa.Table.from_pandas(data, preserve_index=False)
     raise SchemaMismatchError(f"cannot write data of type {type(data).__name__}")
@@ -79,15 +89,21 @@ def iter_tables(data: Any, max_rows: int) -> Iterator[pa.Table]:
     """The input in chunks of at most `max_rows` rows, streaming a RecordBatchReader."""
     if isinstance(data, pa.RecordBatchReader):
         for batch in data:
-            yield from iter_tables(batch, max_rows)
+            if batch.num_rows:
+                yield from iter_tables(batch, max_rows)
         return
     table = to_table(data)
-    for offset in range(0, max(table.num_rows, 1), max_rows):
+    if table.num_rows == 0:
+        yield table  # (slicing a table without columns would invent rows)
+        return
+    for offset in range(0, table.num_rows, max_rows):
         yield table.slice(offset, max_rows)
 
 
 def conform(table: pa.Table, target: pa.Schema, what: str = "data") -> pa.Table:
     """`table` with exactly the columns of `target`, in its order and types."""
+    if table.num_columns == 0 and table.num_rows == 0:  # an empty list of rows: nothing to write
+        return target.empty_table()
     extra = [n for n in table.column_names if n not in target.names]
     if extra:
         raise SchemaMismatchError(f"{what} has columns that are not in the table: {extra}")
@@ -118,10 +134,19 @@ def check_keys(table: pa.Table, primary_key: tuple[str, ...]) -> None:
             raise NullPrimaryKeyError(f"primary key column {name!r} has NULL values")
 
 
+def check_not_null(table: pa.Table) -> None:
+    """Lance refuses NULLs in a non-nullable column (at flush, when it is too late): refuse them now.
+    Call after `check_keys`, so that a NULL key is reported as a NullPrimaryKeyError."""
+    for f in table.schema:
+        if not f.nullable and table.column(f.name).null_count:
+            raise SchemaMismatchError(f"column {f.name!r} is not nullable but has NULL values")
+
+
 def upsert_batch(ts: TableSchema, data: pa.Table) -> pa.RecordBatch:
     """User rows as one WAL-schema batch (`_tombstone` false)."""
     table = conform(data, ts.schema)
     check_keys(table, ts.primary_key)
+    check_not_null(table)
     return _with_tombstone(ts, table, False)
 
 

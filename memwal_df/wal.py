@@ -12,6 +12,7 @@ Guarantees: `decode_entry` either returns the exact batches that were encoded or
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ EPOCH_KEY = b"writer_epoch"
 SENTINEL_KEY = b"fence_sentinel"
 FIELD_ID_KEY = b"lance:field_id"
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_DECIMAL_RE = re.compile(rb"[0-9]{1,20}")
+_U64_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -81,32 +84,77 @@ def encode_fence_sentinel(writer_epoch: int) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _u64(value: bytes, what: str) -> int:
+    """A decimal u64 as Lance writes it (`"7"`); int() alone would also take `" 7"`, `"1_0"`, `"-1"`."""
+    if not _DECIMAL_RE.fullmatch(value) or int(value) > _U64_MAX:
+        raise ValueError(f"invalid {what} {value!r}")
+    return int(value)
+
+
+def _stream_end(data: bytes) -> int:
+    """The offset just past the last message of the IPC stream in `data`.
+
+    The stream is complete only if exactly an end-of-stream marker follows it. Checking that `data`
+    merely ends with the marker's bytes is not enough: a batch body can end with the same 8 bytes
+    (32 set `_tombstone` bits, then padding), and a stream cut right after such a batch would pass
+    for a whole entry holding fewer batches."""
+    source = pa.BufferReader(pa.py_buffer(data))
+    messages = ipc.MessageReader.open_stream(source)
+    end = 0
+    while True:
+        try:
+            message = messages.read_next_message()
+        except StopIteration:
+            break
+        if message is None:
+            break
+        end = source.tell()
+    return end
+
+
 def decode_entry(data: bytes, position: int, path: str) -> WalEntry:
     """Decode one WAL entry; any malformation raises CorruptWalEntryError naming `path`."""
+
+    def corrupt(why: str) -> CorruptWalEntryError:
+        return CorruptWalEntryError(f"WAL entry {position} {why}", path)
+
     if not data.endswith(_EOS):
-        raise CorruptWalEntryError(f"WAL entry {position} is truncated (no end-of-stream marker)", path)
+        raise corrupt("is truncated (no end-of-stream marker)")
     try:
+        end = _stream_end(data)
+        if data[end:] != _EOS:
+            raise corrupt(
+                "is truncated or has trailing bytes (no end-of-stream marker after the last message)"
+            )
         reader = ipc.open_stream(pa.py_buffer(data))
         batches = tuple(reader)
         for b in batches:
             b.validate(full=True)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as e:
-        raise CorruptWalEntryError(f"WAL entry {position} cannot be decoded ({e})", path) from e
-    meta = reader.schema.metadata or {}
+        schema = reader.schema
+        meta = dict(schema.metadata or {})
+        names = schema.names
+        tombstone_type = schema.field(TOMBSTONE).type if TOMBSTONE in names else None
+    except CorruptWalEntryError:
+        raise
+    except Exception as e:  # whatever pyarrow raises on malformed bytes (ArrowInvalid, UTF-8 errors ...)
+        raise corrupt(f"cannot be decoded ({type(e).__name__}: {e})") from e
+    if EPOCH_KEY not in meta:
+        raise corrupt("has no writer_epoch")
     try:
-        epoch = int(meta[EPOCH_KEY])
-    except (KeyError, ValueError) as e:
-        raise CorruptWalEntryError(f"WAL entry {position} has no valid writer_epoch", path) from e
+        epoch = _u64(meta[EPOCH_KEY], "writer_epoch")
+        generation = _u64(meta[GENERATION_KEY], "generation") if GENERATION_KEY in meta else None
+    except ValueError as e:
+        raise corrupt(f"has an {e}") from e
     if meta.get(SENTINEL_KEY) == b"true":
         if batches:
-            raise CorruptWalEntryError(f"fence sentinel {position} carries data", path)
+            raise corrupt("is a fence sentinel that carries data")
         return WalEntry(position, epoch, None, (), True)
-    if TOMBSTONE not in reader.schema.names:
-        raise CorruptWalEntryError(f"WAL entry {position} has no {TOMBSTONE} column", path)
-    try:
-        generation = int(meta[GENERATION_KEY]) if GENERATION_KEY in meta else None
-    except ValueError as e:
-        raise CorruptWalEntryError(f"WAL entry {position} has an invalid generation", path) from e
+    if tombstone_type is None:
+        raise corrupt(f"has no {TOMBSTONE} column")
+    if tombstone_type != pa.bool_():
+        raise corrupt(f"has a {TOMBSTONE} column of type {tombstone_type}, not bool")
+    if not batches:
+        raise corrupt("holds no record batch (writers never write an empty data entry)")
     return WalEntry(position, epoch, generation, batches, False)
 
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from memwal_df.errors import RegionRoutingError
 from memwal_df.region import RegionWriter, WriterConfig
-from memwal_df.schema import check_keys, conform, iter_tables, keys_table
+from memwal_df.schema import check_keys, check_not_null, conform, iter_tables, keys_table
 
 if TYPE_CHECKING:
     from memwal_df.table import Table
@@ -51,6 +51,9 @@ class TableWriter:
         for chunk in iter_tables(data, self.config.max_memtable_rows):
             table = conform(chunk, ts.schema)
             check_keys(table, ts.primary_key)
+            check_not_null(table)
+            if table.num_rows == 0:
+                continue
             self._write_parts(self._route(table), deleted=False)
 
     def delete(self, keys: Any) -> None:
@@ -64,7 +67,8 @@ class TableWriter:
             )
         table = conform(keys_table(ts, keys), ts.key_schema, what="delete keys")
         check_keys(table, ts.primary_key)
-        self._write_parts(self._route(table), deleted=True)
+        if table.num_rows:
+            self._write_parts(self._route(table), deleted=True)
 
     def flush(self) -> None:
         """Seal and flush every region's MemTable into a generation (regions in parallel)."""

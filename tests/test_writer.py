@@ -297,3 +297,18 @@ def test_failed_generation_write_retries_in_a_new_directory(table, monkeypatch):
     dirs = [d for d in table.storage.list_dir(layout.region_dir(rid)) if layout.parse_generation_dir_name(d)]
     assert len(dirs) == 2 and m.sstables[0].path in dirs  # the failed attempt's directory is not referenced
     assert {40, 41} <= set(stored_rows(table))
+
+
+def test_empty_writes_write_nothing(table):
+    rid = uuid.uuid4()
+    with table.region_writer(rid) as w:
+        w.put(rows([]))
+        w.delete([])
+        w.put(rows([9]))
+        w.put([])
+    entries = list(Wal(table.storage, rid).scan(1))
+    assert [e.num_rows for e in entries] == [1]
+    with table.writer() as tw:
+        tw.put(rows([]))
+        tw.delete([])
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([9]))
