@@ -127,14 +127,19 @@ class Table:
             storage=self.storage,
             schema=self.schema,
             data_storage_version=self.data_storage_version,
-            spec=self.spec if values is not None else None,
+            spec=self.spec,
             region_values=values,
             field_entries=entries,
         )
         return RegionWriter(ctx, region_id, config)
 
-    def writer(self, *, durable: bool = True, indexed: bool = True, **settings: Any) -> TableWriter:
-        """A writer that routes rows to their regions (the table needs a region spec)."""
+    def writer(
+        self, *, durable: bool | None = None, indexed: bool | None = None, **settings: Any
+    ) -> TableWriter:
+        """A writer that routes rows to their regions (the table needs a region spec).
+
+        `durable` / `indexed` default to the table's writer defaults (durable and indexed unless the
+        MemWAL index says otherwise)."""
         return TableWriter(self, self._config(durable, indexed, settings))
 
     def recover(self) -> list[uuid.UUID]:
