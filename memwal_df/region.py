@@ -46,7 +46,7 @@ from memwal_df.generation import write_generation
 from memwal_df.manifest import RegionManifestStore, new_manifest, next_version
 from memwal_df.memtable import MemTable
 from memwal_df.region_spec import RegionSpec
-from memwal_df.schema import TableSchema, delete_batch, iter_tables, keys_table, upsert_batch
+from memwal_df.schema import TableSchema, delete_batch, iter_tables, keys_table, upsert_batch, with_tombstone
 from memwal_df.storage import Storage
 from memwal_df.wal import Wal, encode_entry, encode_fence_sentinel
 
@@ -198,9 +198,10 @@ class RegionWriter:
             self._stats["puts"] += 1
 
     def _put_routed(self, rows: pa.Table, deleted: bool) -> None:
-        """Write rows that the table writer conformed and routed to this region (no re-check)."""
-        batch = (delete_batch if deleted else upsert_batch)(self.ctx.schema, rows)
-        self._write(batch)
+        """Write rows that the table writer already validated and routed to this region.
+
+        `rows` are conformed to the table schema (for deletes: full tombstone rows)."""
+        self._write(with_tombstone(self.ctx.schema, rows, deleted))
         self._stats["deletes" if deleted else "puts"] += 1
 
     def delete(self, keys: Any) -> None:
@@ -306,6 +307,7 @@ class RegionWriter:
             else:
                 if not self._pending:
                     self._pending_since = time.monotonic()
+                    self._cond.notify_all()  # wakes the WAL loop's timer
                 self._pending.append(batch)
             self._active.append(batch)
             if self.config.durable_write:
@@ -425,15 +427,20 @@ class RegionWriter:
             with self._cond:
                 if self._closed or self._error is not None:
                     return
-                due = self._pending and time.monotonic() - self._pending_since >= interval
-                if due:
-                    try:
-                        self._flush_pending()
-                    except WriterFencedError:
-                        return
-                    except MemWalError as e:
-                        log.warning("WAL flush of region %s failed: %s", self.region_id, e)
-                self._cond.wait(interval / 2 if self._pending else interval)
+                if not self._pending:
+                    self._cond.wait()  # _write notifies when the first pending batch arrives
+                    continue
+                left = self._pending_since + interval - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                try:
+                    self._flush_pending()
+                except WriterFencedError:
+                    return
+                except MemWalError as e:
+                    log.warning("WAL flush of region %s failed: %s", self.region_id, e)
+                    self._cond.wait(interval)
 
     # ------------------------------------------------------------------ manifest commits and fencing
 

@@ -147,25 +147,30 @@ def upsert_batch(ts: TableSchema, data: pa.Table) -> pa.RecordBatch:
     table = conform(data, ts.schema)
     check_keys(table, ts.primary_key)
     check_not_null(table)
-    return _with_tombstone(ts, table, False)
+    return with_tombstone(ts, table, False)
 
 
-def delete_batch(ts: TableSchema, keys: pa.Table) -> pa.RecordBatch:
-    """Tombstone rows for `keys` (the key columns; other columns are NULL)."""
-    key_table = conform(keys, ts.key_schema, what="delete keys")
-    check_keys(key_table, ts.primary_key)
-    n = key_table.num_rows
+def tombstone_rows(ts: TableSchema, keys: pa.Table) -> pa.Table:
+    """Full-schema rows for conformed, non-NULL `keys`: the key columns, NULL everywhere else."""
+    n = keys.num_rows
     columns = []
     for f in ts.schema:
         if f.name in ts.primary_key:
-            columns.append(key_table.column(f.name))
+            columns.append(keys.column(f.name))
         elif f.nullable:
             columns.append(pa.nulls(n, f.type))
         else:
             raise SchemaMismatchError(
                 f"cannot delete: column {f.name!r} is not nullable, tombstones need NULLs"
             )
-    return _with_tombstone(ts, pa.Table.from_arrays(columns, schema=ts.schema), True)
+    return pa.Table.from_arrays(columns, schema=ts.schema)
+
+
+def delete_batch(ts: TableSchema, keys: pa.Table) -> pa.RecordBatch:
+    """Tombstone rows for `keys` (the key columns; other columns are NULL)."""
+    key_table = conform(keys, ts.key_schema, what="delete keys")
+    check_keys(key_table, ts.primary_key)
+    return with_tombstone(ts, tombstone_rows(ts, key_table), True)
 
 
 def keys_table(ts: TableSchema, keys: Any) -> pa.Table:
@@ -179,7 +184,8 @@ def keys_table(ts: TableSchema, keys: Any) -> pa.Table:
     return to_table(keys)
 
 
-def _with_tombstone(ts: TableSchema, table: pa.Table, deleted: bool) -> pa.RecordBatch:
+def with_tombstone(ts: TableSchema, table: pa.Table, deleted: bool) -> pa.RecordBatch:
+    """A table already conformed to `ts.schema` as one WAL-schema batch with `_tombstone` = `deleted`."""
     flag = pa.array(np.full(table.num_rows, deleted), pa.bool_())
     columns = [c.combine_chunks() for c in table.columns] + [flag]
     return pa.RecordBatch.from_arrays(columns, schema=ts.wal)

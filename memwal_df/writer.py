@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_df.errors import RegionRoutingError
 from memwal_df.region import RegionWriter, WriterConfig
-from memwal_df.schema import check_keys, check_not_null, conform, iter_tables, keys_table
+from memwal_df.schema import check_keys, check_not_null, conform, iter_tables, keys_table, tombstone_rows
 
 if TYPE_CHECKING:
     from memwal_df.table import Table
@@ -68,7 +69,7 @@ class TableWriter:
         table = conform(keys_table(ts, keys), ts.key_schema, what="delete keys")
         check_keys(table, ts.primary_key)
         if table.num_rows:
-            self._write_parts(self._route(table), deleted=True)
+            self._write_parts(self._route(tombstone_rows(ts, table)), deleted=True)
 
     def flush(self) -> None:
         """Seal and flush every region's MemTable into a generation (regions in parallel)."""
@@ -131,17 +132,21 @@ class TableWriter:
         return w
 
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
-        """(region values, rows) groups of `table`, rows in their input order."""
+        """(region values, rows) groups of `table`, rows in their input order within each group."""
         values = self.spec.evaluate(table, self.table.schema.field_ids)
-        names = [f"v{i}" for i in range(len(values))]
-        grouped = (
-            pa.table([*values, pa.array(np.arange(table.num_rows))], names=[*names, "_row"])
-            .group_by(names, use_threads=False)
-            .aggregate([("_row", "list")])
-        )
+        codes = np.zeros(table.num_rows, dtype=np.int64)
+        for v in values:  # one int64 code per distinct value tuple (mixed radix over the fields)
+            encoded = pc.dictionary_encode(v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
+            idx = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+            codes = codes * (len(encoded.dictionary) + 1) + idx
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+        ends = np.r_[starts[1:], len(order)]
+        grouped = table.take(pa.array(order)) if len(starts) > 1 else table
         out = []
-        for i in range(grouped.num_rows):
-            key = tuple(grouped.column(n)[i].as_py() for n in names)
-            rows = grouped.column("_row_list")[i].values
-            out.append((key, table.take(rows)))
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            row = int(order[start])
+            key = tuple(v[row].as_py() for v in values)
+            out.append((key, grouped.slice(start, end - start)))
         return out
