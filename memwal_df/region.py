@@ -263,6 +263,12 @@ class RegionWriter:
         with self._cond:
             return [*self._sealed, self._active]
 
+    def memtable_snapshot(self) -> list[tuple[int, pa.Table]]:
+        """(generation, newest row per key incl. tombstones) of each unflushed MemTable, oldest first,
+        copied consistently under the writer's lock."""
+        with self._cond:
+            return [(mt.generation, mt.newest()) for mt in [*self._sealed, self._active] if mt.num_rows]
+
     def stats(self) -> dict[str, int]:
         with self._cond:
             return {

@@ -87,6 +87,11 @@ class Table:
         self._specs = {s.spec_id: RegionSpec.from_proto(s) for s in specs}
         self.data_storage_version = ds.data_storage_version
 
+    @property
+    def specs(self) -> dict[int, RegionSpec]:
+        """Every region spec of the table by spec id (regions keep the spec they were created under)."""
+        return dict(self._specs)
+
     # ------------------------------------------------------------------ regions
 
     def region_id_for(self, values: tuple[Any, ...]) -> uuid.UUID:
@@ -169,7 +174,7 @@ class Table:
         return RegionStatus(
             region_id=region_id_of(m),
             spec_id=m.shard_spec_id,
-            values=self._decode_entries(m),
+            values=self.region_values(m),
             manifest_version=m.version,
             writer_epoch=m.writer_epoch,
             replay_after_wal_entry_position=m.replay_after_wal_entry_position,
@@ -214,13 +219,14 @@ class Table:
         """A region's spec values: from its manifest if it exists, else by matching the derived id."""
         m = RegionManifestStore(self.storage, region_id).latest()
         if m is not None:
-            values = self._decode_entries(m)
+            values = self.region_values(m)
             if values is None:
                 return None, {}
             return values, {e.field_id: e.value for e in m.shard_field_entries}
         return None, {}
 
-    def _decode_entries(self, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+    def region_values(self, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+        """A region's values under its spec, from its manifest's field entries (None if unknown)."""
         spec = self._specs.get(m.shard_spec_id)
         if spec is None or not m.shard_field_entries:
             return None

@@ -1,0 +1,130 @@
+"""MemWalTable: a MemWAL table as a `pyarrow.dataset.Dataset` that DataFusion scans.
+
+DataFusion 54 calls `scanner(columns=, filter=)` while planning (for the projected schema),
+`get_fragments(filter)` once per query, and `fragment.scanner(schema, columns=, filter=,
+batch_size=)` / `to_batches()` per partition on its worker threads. `get_fragments` takes the query's
+read snapshot and plans it; each fragment runs one operator tree. Pushed filters are marked Exact by
+DataFusion, so every fragment applies the whole filter.
+
+Guarantees: every query sees one snapshot (the base version and region manifests read when it was
+planned); rows are the newest live version of each key; nothing blocks on DataFusion from inside a
+callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.dataset as pds
+
+from memwal_df.planner import Partition, plan_scan
+from memwal_df.snapshot import take_snapshot
+from memwal_df.table import Table, open_table
+
+if TYPE_CHECKING:
+    from memwal_df.region import RegionWriter
+    from memwal_df.writer import TableWriter
+
+
+class _Scanner:
+    """What DataFusion expects of a scanner: `projected_schema` and `to_batches()`."""
+
+    def __init__(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch] | None) -> None:
+        self.projected_schema = schema
+        self._batches = batches
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        if self._batches is None:
+            raise RuntimeError("a planning scanner holds no data: scan the fragments")
+        for b in self._batches:
+            yield b if b.schema.equals(self.projected_schema) else b.cast(self.projected_schema)
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.projected_schema, self.to_batches())
+
+    def to_table(self) -> pa.Table:
+        return pa.Table.from_batches(list(self.to_batches()), schema=self.projected_schema)
+
+
+class MemWalFragment:
+    """One partition of a query."""
+
+    def __init__(self, owner: MemWalTable, partition: Partition) -> None:
+        self._owner = owner
+        self.partition = partition
+
+    def scanner(
+        self,
+        schema: pa.Schema | None = None,
+        columns: Sequence[str] | None = None,
+        filter: Any = None,
+        batch_size: int | None = None,
+        **_: Any,
+    ) -> _Scanner:
+        projected = self._owner._projected(columns)
+        node = self.partition.make(projected.names)
+        return _Scanner(projected, node.execute())
+
+
+class MemWalTable(pds.Dataset):
+    """A MemWAL table for DataFusion: `ctx.register_table("t", MemWalTable(uri))`.
+
+    `consistency="latest"` (the default) reads the base table's latest version and every region's
+    latest manifest at planning time, so every generation flushed before the query is visible.
+    With `writer=` (a table or region writer of this process) the writer's unflushed MemTables are
+    read too: a query then sees every write that writer has acknowledged."""
+
+    def __init__(
+        self,
+        uri: str | Table,
+        storage_options: dict[str, str] | None = None,
+        consistency: str = "latest",
+        writer: TableWriter | RegionWriter | None = None,
+    ) -> None:
+        # pds.Dataset.__init__ is not called: this object has no C++ dataset behind it.
+        self.table = uri if isinstance(uri, Table) else open_table(uri, storage_options)
+        self.consistency = consistency
+        self.writer = writer
+        self._schema = self.table.schema.schema
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def _projected(self, columns: Sequence[str] | None) -> pa.Schema:
+        if columns is None:
+            return self._schema
+        return pa.schema([self._schema.field(c) for c in columns])
+
+    def scanner(self, columns: Sequence[str] | None = None, filter: Any = None, **_: Any) -> _Scanner:
+        """The planning-time scanner DataFusion asks for (schema only)."""
+        return _Scanner(self._projected(columns), None)
+
+    def get_fragments(self, filter: Any = None) -> list[MemWalFragment]:
+        """Take the query's snapshot and plan it: one fragment per partition."""
+        return [MemWalFragment(self, p) for p in self._plan(filter)]
+
+    def _plan(self, filter: Any) -> list[Partition]:
+        snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
+        specs = self.table.specs
+        return plan_scan(snapshot, specs, filter, {})
+
+    def explain(self, filter: Any = None, columns: Sequence[str] | None = None) -> str:
+        """The operator tree a query with this filter and projection gets, one partition per block."""
+        cols = self._projected(columns).names
+        lines = []
+        for p in self._plan(filter):
+            lines.extend(p.make(cols).explain())
+        return "\n".join(lines)
+
+    def to_table(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table:
+        """The rows a query would return (without DataFusion)."""
+        projected = self._projected(columns)
+        batches = [
+            b
+            for f in self.get_fragments(filter)
+            for b in f.scanner(columns=columns, filter=filter).to_batches()
+        ]
+        return pa.Table.from_batches(batches, schema=projected)

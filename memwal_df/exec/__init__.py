@@ -1,0 +1,1 @@
+"""Query operators over Arrow batch streams, one per file."""

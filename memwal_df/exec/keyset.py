@@ -1,0 +1,74 @@
+"""Sets of primary keys with vectorized membership tests: the building block of the anti-joins.
+
+Single integer keys are kept as a sorted, unique numpy array (membership by `searchsorted`); every
+other key (strings, binaries, booleans, composite keys in Lance's order-preserving tuple encoding) as
+an Arrow array probed with a hash-based `is_in`.
+
+Guarantees: `contains(keys)` is exact (no false positives or negatives) and costs O(n log m) or O(n).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_df.pk_index import encode_composite_keys
+
+
+def key_array(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    """One array holding the key of each row: the column itself, or the tuple encoding of several."""
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    if len(arrays) == 1:
+        return arrays[0]
+    return encode_composite_keys(arrays)
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t)
+
+
+class KeySet:
+    """An immutable set of primary keys."""
+
+    def __init__(self, keys: pa.Array, key_type: pa.DataType | None = None) -> None:
+        t = key_type or keys.type
+        self.type = t
+        if _is_int(t):
+            self._sorted: np.ndarray | None = np.unique(keys.to_numpy(zero_copy_only=False).astype(np.int64))
+            self._values: pa.Array | None = None
+            self.size = len(self._sorted)
+        else:
+            self._sorted = None
+            self._values = pc.unique(keys) if len(keys) else pa.array([], t)
+            self.size = len(self._values)
+
+    @classmethod
+    def union(cls, parts: Iterable[pa.Array], key_type: pa.DataType) -> KeySet:
+        arrays = [p for p in parts if len(p)]
+        if not arrays:
+            return cls(pa.array([], key_type), key_type)
+        return cls(pa.concat_arrays([a.cast(key_type) for a in arrays]), key_type)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def contains(self, keys: pa.Array) -> np.ndarray:
+        """A boolean mask: which of `keys` are in the set."""
+        if self.size == 0 or len(keys) == 0:
+            return np.zeros(len(keys), dtype=bool)
+        if self._sorted is not None:
+            probe = keys.to_numpy(zero_copy_only=False).astype(np.int64)
+            pos = np.searchsorted(self._sorted, probe)
+            pos[pos == len(self._sorted)] = 0
+            return self._sorted[pos] == probe
+        assert self._values is not None
+        return pc.is_in(keys, value_set=self._values).to_numpy(zero_copy_only=False)
+
+    def to_array(self) -> pa.Array:
+        if self._sorted is not None:
+            return pa.array(self._sorted, pa.int64()).cast(self.type)
+        assert self._values is not None
+        return self._values

@@ -1,0 +1,193 @@
+"""A read snapshot: every level of the LSM tree that one query reads, fixed when the query is planned.
+
+Levels (spec "MemTable Collection"): the base table (generation 0), each region's flushed
+generations that are not merged yet (`generation > merged_generations[region]`, read from the base
+manifest of the pinned base version), and, when a writer is attached, its unflushed MemTables.
+Within a region, levels are ordered newest first; rows of different regions never share a key.
+
+Consistency modes:
+- `latest`: the base table's latest version, then each region's latest manifest. Every generation
+  flushed before planning is visible.
+- with `writer=`: additionally the writer's unflushed MemTables, copied at planning time (strong
+  consistency for the regions that writer owns).
+
+Guarantees: a generation that was garbage-collected is skipped (its rows are in the base table), never
+an error; each level holds at most one row per key (generations are written newest-per-key, Lance
+generations hide older duplicates with a deletion vector, MemTable copies are deduplicated).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import lance
+import pyarrow as pa
+
+from memwal_df import layout, memwal_index
+from memwal_df._proto import memwal_pb2 as pb
+from memwal_df.bloom import BloomFilter
+from memwal_df.errors import NotFoundError
+from memwal_df.exec.keyset import key_array
+from memwal_df.manifest import RegionManifestStore
+from memwal_df.schema import TableSchema
+from memwal_df.storage import Storage
+
+if TYPE_CHECKING:
+    from memwal_df.region import RegionWriter
+    from memwal_df.table import Table
+    from memwal_df.writer import TableWriter
+
+Consistency = Literal["latest"]
+_PARALLEL_MANIFEST_READS = 16
+
+
+@dataclass
+class Level:
+    """One source of rows: a flushed generation or an unflushed MemTable of one region.
+
+    Rows carry the table's columns plus `_tombstone`. `generation` orders levels within a region;
+    `memtable` levels hold an Arrow table, `generation` levels a path opened on demand."""
+
+    kind: Literal["generation", "memtable"]
+    region_id: uuid.UUID
+    generation: int
+    storage: Storage
+    path: str | None = None  # generation directory relative to the table root
+    table: pa.Table | None = None  # MemTable rows (newest per key, tombstones included)
+    _dataset: lance.LanceDataset | None = field(default=None, repr=False)
+    _bloom: BloomFilter | None = field(default=None, repr=False)
+    _keys: pa.Array | None = field(default=None, repr=False)
+    missing: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.generation} of region {self.region_id}"
+
+    def dataset(self) -> lance.LanceDataset | None:
+        """The generation's Lance dataset; None (and `missing` set) if it was garbage-collected."""
+        if self.kind != "generation" or self.missing:
+            return None
+        if self._dataset is None:
+            try:
+                self._dataset = lance.dataset(
+                    self.storage.child_uri(self.path or ""),
+                    storage_options=self.storage.storage_options or None,
+                )
+            except (ValueError, OSError):
+                self.missing = True
+                return None
+        return self._dataset
+
+    def bloom(self) -> BloomFilter | None:
+        """The level's primary-key bloom filter (None if the generation has none)."""
+        if self._bloom is None:
+            if self.kind == "memtable":
+                return None
+            try:
+                self._bloom = BloomFilter.from_bytes(
+                    self.storage.get(f"{self.path}/{layout.BLOOM_FILTER_FILE}")
+                )
+            except (NotFoundError, ValueError):
+                return None
+        return self._bloom
+
+    def keys(self, primary_key: Sequence[str]) -> pa.Array | None:
+        """Every key the level holds (tombstones included), as one key array; None if it is gone.
+        Read once per query (the snapshot lives for one query)."""
+        if self._keys is None:
+            t = self.to_table(list(primary_key))
+            if t is None:
+                return None
+            self._keys = key_array([t.column(c) for c in primary_key])
+        return self._keys
+
+    def to_table(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table | None:
+        """The level's rows (only `columns`, rows matching `filter`), None if the level is gone."""
+        if self.kind == "memtable":
+            assert self.table is not None
+            t = self.table if filter is None else self.table.filter(filter)
+            return t if columns is None else t.select(list(columns))
+        ds = self.dataset()
+        if ds is None:
+            return None
+        try:
+            return ds.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+        except (ValueError, OSError):
+            self.missing = True  # collected while we read it
+            return None
+
+
+@dataclass
+class RegionLevels:
+    """The unmerged levels of one region, newest first."""
+
+    region_id: uuid.UUID
+    spec_id: int
+    values: tuple[Any, ...] | None
+    levels: list[Level]
+
+
+@dataclass
+class ReadSnapshot:
+    """What one query reads."""
+
+    schema: TableSchema
+    base: lance.LanceDataset
+    details: pb.MemWalIndexDetails
+    regions: list[RegionLevels]
+    consistency: str
+
+    @property
+    def levels(self) -> list[Level]:
+        return [lv for r in self.regions for lv in r.levels]
+
+
+def take_snapshot(
+    table: Table, consistency: Consistency = "latest", writer: TableWriter | RegionWriter | None = None
+) -> ReadSnapshot:
+    """Pin the base version, then read every region's latest manifest (and the writer's MemTables)."""
+    if consistency != "latest":
+        raise ValueError(f"unknown consistency mode {consistency!r}")
+    table.refresh()
+    base = table.dataset
+    merged = memwal_index.merged_generations(table.details)
+    # MemTables first, manifests second: a MemTable flushed in between is then seen twice (as a
+    # MemTable and as a generation, same rows), never not at all.
+    memtables = _writer_memtables(writer)
+    ids = table.region_ids()
+    storage = table.storage
+    with ThreadPoolExecutor(min(_PARALLEL_MANIFEST_READS, max(1, len(ids)))) as pool:
+        manifests = list(pool.map(lambda r: RegionManifestStore(storage, r).latest(), ids))
+    regions = []
+    for region_id, m in zip(ids, manifests, strict=True):
+        if m is None:
+            continue
+        floor = merged.get(region_id, 0)
+        levels = [
+            Level("memtable", region_id, gen, storage, table=t)
+            for gen, t in reversed(memtables.get(region_id, []))
+        ]
+        flushed = sorted((s for s in m.sstables if s.generation > floor), key=lambda s: -s.generation)
+        levels += [
+            Level(
+                "generation", region_id, s.generation, storage, path=layout.generation_path(region_id, s.path)
+            )
+            for s in flushed
+        ]
+        regions.append(RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels))
+    return ReadSnapshot(table.schema, base, table.details, regions, consistency)
+
+
+def _writer_memtables(
+    writer: TableWriter | RegionWriter | None,
+) -> dict[uuid.UUID, list[tuple[int, pa.Table]]]:
+    """(generation, newest rows) of each unflushed MemTable of the writer, per region, oldest first."""
+    if writer is None:
+        return {}
+    region_writers = getattr(writer, "writers", None)
+    writers = list(region_writers.values()) if region_writers is not None else [writer]
+    return {w.region_id: w.memtable_snapshot() for w in writers}
