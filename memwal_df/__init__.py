@@ -1,10 +1,13 @@
 """memwal_df: Lance tables as streaming-upsert LSM trees (the Lance MemTable & WAL spec).
 
-Write path (this release): `create_table` / `open_table`, routed `Table.writer()` and per-region
+Write path: `create_table` / `open_table`, routed `Table.writer()` and per-region
 `Table.region_writer()`, durable WAL, MemTable flushes into generations that Lance 14 reads natively.
+Read path: `MemWalTable` (a dataset DataFusion scans, merging every level by primary key) and
+`register(ctx)` for memwal_df's SQL functions.
 """
 
 from memwal_df import errors
+from memwal_df.dataset import MemWalTable
 from memwal_df.region import RegionWriter, WriterConfig
 from memwal_df.region_spec import (
     bucket,
@@ -18,10 +21,12 @@ from memwal_df.region_spec import (
     unsharded,
     year,
 )
+from memwal_df.sql import register
 from memwal_df.table import RegionStatus, Table, create_table, open_table
 from memwal_df.writer import TableWriter
 
 __all__ = [
+    "MemWalTable",
     "RegionStatus",
     "RegionWriter",
     "Table",
@@ -37,6 +42,7 @@ __all__ = [
     "month",
     "multi_bucket",
     "open_table",
+    "register",
     "truncate",
     "unsharded",
     "year",
