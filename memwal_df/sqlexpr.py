@@ -128,7 +128,10 @@ class _Parser:
             if self._op(")") is None:
                 raise self._fail("')'")
             expr = left.isin([v for v in values if v is not None])
-            return ~expr if negate else expr
+            if not negate:
+                return expr
+            # SQL: NULL NOT IN (...) is NULL, and x NOT IN (..., NULL) is never true
+            return pc.scalar(False) if None in values else left.is_valid() & ~expr
         if self._keyword("BETWEEN"):
             lo = self._operand()
             if not self._keyword("AND"):

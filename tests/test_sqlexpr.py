@@ -1,0 +1,65 @@
+"""parse_filter against DataFusion's own evaluation of the same SQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import datafusion
+import pyarrow as pa
+import pytest
+
+from memwal_df.sqlexpr import parse_filter
+
+TABLE = pa.table(
+    {
+        "id": pa.array([1, 2, 3, 4, 5, -6, None], pa.int64()),
+        "name": ["a", "b'c", "it's", None, "e", "f", "g"],
+        "v": [0.5, 1.5, 2.5, None, 4.5, -1.0, 3.0],
+        "flag": [True, False, None, True, False, True, False],
+        "day": pa.array([dt.date(2024, 1, d) for d in (1, 2, 3, 4, 5, 6, 7)], pa.date32()),
+        "odd name": [1, 2, 3, 4, 5, 6, 7],
+    }
+)
+
+FILTERS = [
+    "id = 3",
+    "id <> 3",
+    "id != 3 AND v > 1",
+    "id >= 2 and id <= 4",
+    "id < -5",
+    "v >= 1.5 OR name = 'e'",
+    "NOT (id = 1 OR id = 2)",
+    "id IN (1, 3, 5)",
+    "id NOT IN (1, 3, 5)",
+    "id NOT IN (1, NULL)",
+    "id IN (1, NULL)",
+    "id BETWEEN 2 AND 4",
+    "id NOT BETWEEN 2 AND 4",
+    "name IS NULL",
+    "name IS NOT NULL",
+    "name = 'b''c'",
+    "name = 'it''s' or v < 0",
+    "flag = TRUE",
+    "flag = false",
+    "day >= DATE '2024-01-04'",
+    '"odd name" > 5',
+    "3 < id",
+    "(id = 1 OR id = 2) AND (v < 1 OR v > 2)",
+]
+
+
+@pytest.mark.parametrize("sql", FILTERS)
+def test_parse_filter_selects_what_datafusion_selects(sql):
+    ctx = datafusion.SessionContext()
+    ctx.register_record_batches("t", [TABLE.to_batches()])
+    expected = ctx.sql(f'SELECT "odd name" FROM t WHERE {sql}').to_arrow_table().column(0).to_pylist()
+    got = TABLE.filter(parse_filter(sql)).column("odd name").to_pylist()
+    assert sorted(got) == sorted(expected)
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "id =", "id = 3 extra", "id IN 1, 2", "id LIKE 'a%'", "id = 'x", "(id = 1"]
+)
+def test_malformed_filters_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        parse_filter(bad)
