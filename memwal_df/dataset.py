@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 
 from memwal_df.planner import Partition, plan_scan
+from memwal_df.predicate import column_predicates
 from memwal_df.snapshot import take_snapshot
 from memwal_df.table import Table, open_table
 
@@ -108,8 +109,7 @@ class MemWalTable(pds.Dataset):
 
     def _plan(self, filter: Any) -> list[Partition]:
         snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
-        specs = self.table.specs
-        return plan_scan(snapshot, specs, filter, {})
+        return plan_scan(snapshot, self.table.specs, filter, column_predicates(filter))
 
     def explain(self, filter: Any = None, columns: Sequence[str] | None = None) -> str:
         """The operator tree a query with this filter and projection gets, one partition per block."""

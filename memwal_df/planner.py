@@ -93,7 +93,7 @@ def plan_scan(
     out = [
         Partition(
             f"region {r.region_id}",
-            lambda cols, r=r: DeduplicateExec(r, pk, ktype, cols, filter),
+            lambda cols, r=r: DeduplicateExec(r, pk, ktype, cols, filter, snapshot.schema.schema),
         )
         for r in regions
     ]

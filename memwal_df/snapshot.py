@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_df import layout, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
@@ -33,6 +34,7 @@ from memwal_df.bloom import BloomFilter
 from memwal_df.errors import NotFoundError
 from memwal_df.exec.keyset import key_array
 from memwal_df.manifest import RegionManifestStore
+from memwal_df.predicate import referenced_columns, split_for_lance
 from memwal_df.schema import TableSchema
 from memwal_df.storage import Storage
 
@@ -105,8 +107,14 @@ class Level:
             self._keys = key_array([t.column(c) for c in primary_key])
         return self._keys
 
-    def to_table(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table | None:
-        """The level's rows (only `columns`, rows matching `filter`), None if the level is gone."""
+    def to_table(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        schema: pa.Schema | None = None,
+    ) -> pa.Table | None:
+        """The level's rows (only `columns`, rows matching `filter` by pyarrow's rules), None if the
+        level is gone. `schema` (the table's) lets the filter be pushed into Lance's scan."""
         if self.kind == "memtable":
             assert self.table is not None
             t = self.table if filter is None else self.table.filter(filter)
@@ -114,11 +122,23 @@ class Level:
         ds = self.dataset()
         if ds is None:
             return None
+        sql, residual = split_for_lance(filter, schema)
+        cols = None if columns is None else list(columns)
+        read = (
+            cols
+            if residual is None or cols is None
+            else list(dict.fromkeys([*cols, *referenced_columns(residual)]))
+        )
         try:
-            return ds.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+            t = ds.to_table(columns=read, filter=sql)
         except (ValueError, OSError):
             self.missing = True  # collected while we read it
             return None
+        if residual is not None:
+            t = t.filter(residual)
+            if cols is not None:
+                t = t.select(cols)
+        return t
 
 
 @dataclass

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from memwal_df.exec.base import ExecNode
 from memwal_df.exec.keyset import KeySet, key_array
+from memwal_df.predicate import referenced_columns, split_for_lance
 from memwal_df.snapshot import RegionLevels
 from memwal_df.wal import TOMBSTONE
 
@@ -39,8 +40,10 @@ class DeduplicateExec(ExecNode):
         key_type: pa.DataType,
         columns: Sequence[str],
         filter: Any = None,
+        schema: pa.Schema | None = None,
     ) -> None:
         self.region = region
+        self.schema = schema
         self.primary_key = list(primary_key)
         self.key_type = key_type
         self.columns = list(columns)
@@ -59,7 +62,7 @@ class DeduplicateExec(ExecNode):
             keys = level.keys(self.primary_key)
             if keys is None:
                 continue  # garbage-collected: its rows are in the base table
-            rows = level.to_table(needed, self.filter)
+            rows = level.to_table(needed, self.filter, self.schema)
             if rows is None:
                 continue
             if rows.num_rows:
@@ -70,10 +73,6 @@ class DeduplicateExec(ExecNode):
                 yield from out.select(self.columns).to_batches()
             newer.append(keys)
             shadow = KeySet.union(newer, self.key_type)
-
-    def live_count(self) -> int:
-        """The number of live keys over the region's levels (for count(*) without a filter)."""
-        return sum(b.num_rows for b in self.execute())
 
 
 class AntiJoinScanExec(ExecNode):
@@ -106,18 +105,22 @@ class AntiJoinScanExec(ExecNode):
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         shadow: KeySet = self.shadow()
-        needed = self.columns if not len(shadow) else list(dict.fromkeys([*self.columns, *self.primary_key]))
+        sql, residual = split_for_lance(self.filter, self.base.schema)
+        extra = [*self.primary_key] if len(shadow) or not self.columns else []
+        if residual is not None:
+            extra += sorted(referenced_columns(residual))
+        needed = list(dict.fromkeys([*self.columns, *extra]))
         fragments = [self.base.get_fragment(i) for i in self.fragment_ids]
-        scanner = self.base.scanner(columns=needed, filter=self.filter, fragments=fragments)
+        scanner = self.base.scanner(columns=needed, filter=sql, fragments=fragments)
         for batch in scanner.to_batches():
-            if batch.num_rows == 0:
-                continue
-            if len(shadow):
+            if batch.num_rows and residual is not None:
+                batch = batch.filter(residual)
+            if batch.num_rows and len(shadow):
                 hit = shadow.contains(key_array([batch.column(c) for c in self.primary_key]))
                 if hit.any():
                     batch = batch.filter(pa.array(~hit))
-                batch = batch.select(self.columns)
-            yield batch
+            if batch.num_rows:
+                yield batch.select(self.columns) if needed != self.columns else batch
 
 
 def _ranges(ids: Sequence[int]) -> str:
