@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.dataset as pds
 
+from memwal_df.exec.base import ExecNode
+from memwal_df.exec.filter import FilterExec
+from memwal_df.exec.lookup_plan import plan_point_lookup
 from memwal_df.planner import Partition, plan_scan
-from memwal_df.predicate import column_predicates
+from memwal_df.predicate import column_predicates, key_lookups, referenced_columns
 from memwal_df.snapshot import take_snapshot
 from memwal_df.table import Table, open_table
 
@@ -108,8 +111,23 @@ class MemWalTable(pds.Dataset):
         return [MemWalFragment(self, p) for p in self._plan(filter)]
 
     def _plan(self, filter: Any) -> list[Partition]:
+        """Point lookup when the filter pins the primary key to a finite set, else a scan."""
         snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
-        return plan_scan(snapshot, self.table.specs, filter, column_predicates(filter))
+        ts = self.table.schema
+        keys = key_lookups(filter, ts.primary_key)
+        if keys is None:
+            return plan_scan(snapshot, self.table.specs, filter, column_predicates(filter))
+        key_table = pa.Table.from_pylist(
+            [dict(zip(ts.primary_key, k, strict=True)) for k in keys], schema=ts.key_schema
+        )
+        needed = sorted(referenced_columns(filter))
+
+        def make(columns: Sequence[str]) -> ExecNode:
+            read = list(dict.fromkeys([*columns, *needed]))
+            lookup = plan_point_lookup(snapshot, self.table.spec, ts.field_ids, key_table, read)
+            return FilterExec(lookup, filter, columns)
+
+        return [Partition(f"point lookup of {len(keys)} keys", make)]
 
     def explain(self, filter: Any = None, columns: Sequence[str] | None = None) -> str:
         """The operator tree a query with this filter and projection gets, one partition per block."""

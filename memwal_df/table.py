@@ -66,11 +66,12 @@ class Table:
         self.storage: Storage = open_storage(uri, storage_options)
         self.uri = self.storage.uri
         self.storage_options = dict(storage_options or {})
+        self._session: lance.Session | None = None  # Lance's index/metadata caches, kept across refreshes
         self.refresh()
 
     def refresh(self) -> None:
         try:
-            ds = lance.dataset(self.uri, storage_options=self.storage_options or None)
+            ds = lance.dataset(self.uri, storage_options=self.storage_options or None, session=self._session)
         except (ValueError, OSError) as e:
             raise TableNotFoundError(f"no Lance table at {self.uri}") from e
         found = memwal_index.read_details(self.uri, self.storage_options or None, version=ds.version)
@@ -79,6 +80,7 @@ class Table:
                 f"the Lance table at {self.uri} has no MemWAL index ({memwal_index.MEMWAL_INDEX_NAME})"
             )
         self.dataset = ds
+        self._session = ds.session()
         self.details = found[0]
         pk = memwal_index.primary_key(ds.schema)
         self.schema = TableSchema(ds.schema, tuple(pk), lance_field_ids(ds))

@@ -1,0 +1,185 @@
+"""Point-lookup planning: `pk = x` / `pk IN (...)` over a read snapshot (spec "Point Lookups").
+
+```
+UnionExec                                            one input per key group, none overlapping
+  CoalesceFirstExec: region 1a2b3c4d… (bucket=2)     keys routed to that region
+    TakeLastExec: memtable 5 of region 1a2b3c4d…     unflushed MemTables, newest first
+    BloomFilterGuardExec: bf[region 1a2b3c4d…][gen=4]
+      TakeLastExec: generation 4 of region 1a2b3c4d…, via _pk_index
+    …older generations…
+    TakeLastExec: base table v7                      the base table last
+  CoalesceFirstExec: keys without unmerged levels    keys routed to no region, or to one without levels
+    TakeLastExec: base table v7
+```
+
+Guarantees:
+
+* Keys are conformed to the table's key types (`SchemaMismatchError` if they cannot be), keys with a
+  NULL column are dropped (no row has one) and each key is answered once, however often it is asked.
+* Region routing: when the region spec reads key columns only, each key goes to the region whose
+  values it evaluates to (regions whose values are unknown, or recorded under another spec, get every
+  key as well); otherwise every region gets every key. Within a key group the levels are asked newest
+  first, region after region (a key lives in one region only), then the base table.
+* Keys routed to no region with unmerged levels are looked up in the base table in one go.
+* The result: one live row per key that exists, columns as requested, in the table's types; deleted
+  and absent keys return nothing. Nothing is read before `execute()`.
+* Unflushed MemTables are not bloom-guarded (`Level.bloom()` has no filter for them; their lookup
+  is an in-memory membership test, cheaper than a filter check).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from memwal_df.errors import SchemaMismatchError
+from memwal_df.exec._keys import TOMBSTONE, distinct_keys
+from memwal_df.exec.base import ExecNode, short_id
+from memwal_df.exec.bloom_guard import BloomFilterGuardExec
+from memwal_df.exec.coalesce_first import CoalesceFirstExec
+from memwal_df.exec.take_last import TakeLastExec
+from memwal_df.exec.union import UnionExec
+from memwal_df.region_spec import RegionSpec
+from memwal_df.schema import TableSchema, conform
+from memwal_df.snapshot import Level, ReadSnapshot, RegionLevels
+
+__all__ = ["plan_point_lookup"]
+
+NO_LEVELS_LABEL = "keys without unmerged levels"
+
+
+def plan_point_lookup(
+    snapshot: ReadSnapshot,
+    spec: RegionSpec | None,
+    field_ids: Mapping[str, int],
+    keys: pa.Table,
+    columns: Sequence[str] | None,
+) -> ExecNode:
+    """The operator tree answering a lookup of `keys` (a table of the key columns) in `snapshot`.
+
+    `columns` are the output columns (None: every column of the table); `spec` is the table's current
+    region spec and `field_ids` its column name → Lance field id map (`Table.spec`,
+    `Table.schema.field_ids`).
+    """
+    ts = snapshot.schema
+    pk = list(ts.primary_key)
+    out_columns = _output_columns(ts, columns)
+    out_schema = pa.schema([ts.schema.field(c) for c in out_columns])
+    keys = _conform_keys(ts, keys)
+    base = snapshot.base
+
+    def take_base(k: pa.Table) -> ExecNode:
+        return TakeLastExec(base, k, out_columns, pk)
+
+    groups, base_only = _route(snapshot.regions, spec, field_ids, keys, pk)
+    nodes: list[ExecNode] = []
+    for regions, rows in groups:
+        inputs = [_level_input(lv, out_columns, pk) for r in regions for lv in r.levels]
+        nodes.append(
+            CoalesceFirstExec(
+                keys.take(pa.array(rows)),
+                [*inputs, take_base],
+                pk,
+                out_columns,
+                label=_regions_label(regions, spec),
+                schema=out_schema,
+            )
+        )
+    if base_only:
+        nodes.append(
+            CoalesceFirstExec(
+                keys.take(pa.array(base_only)),
+                [take_base],
+                pk,
+                out_columns,
+                label=NO_LEVELS_LABEL,
+                schema=out_schema,
+            )
+        )
+    return UnionExec(nodes, schema=out_schema)
+
+
+def _output_columns(ts: TableSchema, columns: Sequence[str] | None) -> list[str]:
+    if columns is None:
+        return list(ts.schema.names)
+    if isinstance(columns, str):
+        raise TypeError("columns must be a sequence of column names, not a string")
+    out = list(dict.fromkeys(columns))
+    unknown = [c for c in out if c not in ts.schema.names]
+    if unknown:
+        hint = " (_tombstone is internal)" if TOMBSTONE in unknown else ""
+        raise SchemaMismatchError(f"unknown columns {unknown}{hint}; the table has {ts.schema.names}")
+    return out
+
+
+def _conform_keys(ts: TableSchema, keys: pa.Table | pa.RecordBatch) -> pa.Table:
+    if isinstance(keys, pa.RecordBatch):
+        keys = pa.Table.from_batches([keys])
+    missing = [c for c in ts.primary_key if c not in keys.column_names]
+    if missing:
+        raise SchemaMismatchError(f"lookup keys lack the primary-key columns {missing}")
+    keys = distinct_keys(keys, ts.primary_key)  # drops NULL keys, which no row has
+    return conform(keys, ts.key_schema, what="lookup keys")
+
+
+def _route(
+    regions: Sequence[RegionLevels],
+    spec: RegionSpec | None,
+    field_ids: Mapping[str, int],
+    keys: pa.Table,
+    primary_key: Sequence[str],
+) -> tuple[list[tuple[list[RegionLevels], list[int]]], list[int]]:
+    """([(regions to ask, key rows)], key rows for the base table only)."""
+    every = list(range(keys.num_rows))
+    with_levels = [r for r in regions if r.levels]
+    if not every:
+        return [], []
+    if not with_levels:
+        return [], every
+    key_ids = {field_ids[c] for c in primary_key if c in field_ids}
+    routable = spec is not None and all(sid in key_ids for f in spec.fields for sid in f.source_ids)
+    if not routable:
+        return [(with_levels, every)], []
+    assert spec is not None
+    known: dict[tuple[Any, ...], list[int]] = {}
+    unknown: list[int] = []
+    for i, r in enumerate(with_levels):
+        if r.values is not None and r.spec_id == spec.spec_id:
+            known.setdefault(tuple(r.values), []).append(i)
+        else:
+            unknown.append(i)
+    values = [v.to_pylist() for v in spec.evaluate(keys, field_ids)]
+    by_regions: dict[tuple[int, ...], list[int]] = {}
+    for row, value in enumerate(zip(*values, strict=True)):
+        targets = tuple(known.get(value, ())) + tuple(unknown)
+        by_regions.setdefault(targets, []).append(row)
+    groups = [([with_levels[i] for i in targets], rows) for targets, rows in by_regions.items() if targets]
+    return groups, by_regions.get((), [])
+
+
+def _level_input(level: Level, columns: list[str], primary_key: list[str]) -> Callable[[pa.Table], ExecNode]:
+    """The CoalesceFirstExec input for one level: a bloom-guarded take for a generation."""
+
+    def take(k: pa.Table) -> ExecNode:
+        return TakeLastExec(level, k, columns, primary_key)
+
+    if level.kind != "generation":
+        return take
+
+    def guarded(k: pa.Table) -> ExecNode:
+        return BloomFilterGuardExec(level, k, take, primary_key)
+
+    return guarded
+
+
+def _regions_label(regions: Sequence[RegionLevels], spec: RegionSpec | None) -> str:
+    parts = []
+    for r in regions:
+        text = f"region {short_id(r.region_id)}"
+        if r.values is not None and spec is not None and r.spec_id == spec.spec_id:
+            pairs = zip(spec.fields, r.values, strict=True)
+            text += " (" + ", ".join(f"{f.field_id}={v}" for f, v in pairs) + ")"
+        parts.append(text)
+    return ", ".join(parts)
