@@ -5,8 +5,9 @@ spec name RegionManifest). After a commit, `version_hint.json` is overwritten be
 `{"version":N}`. The latest version is found by reading the hint and probing forward with HEAD
 requests in batches until a batch finds nothing (Lance's `manifest_scan_batch_size`, default 2).
 
-Guarantees: two commits of the same version never both succeed; `latest()` returns a version at
-least as new as every commit that completed before it was called.
+Guarantees: two commits of the same version never both succeed (also when the store answers a PUT
+ambiguously: a claim then counts as lost, any other commit as made if the version holds its bytes);
+`latest()` returns a version at least as new as every commit that completed before it was called.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from google.protobuf.message import DecodeError
 from memwal_df import layout
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import CorruptManifestError, NotFoundError, StorageError
-from memwal_df.storage import Storage
+from memwal_df.storage import EXISTED, LANDED, Storage
 
 DEFAULT_SCAN_BATCH = 2
 _U64_MAX = (1 << 64) - 1
@@ -119,7 +120,14 @@ class RegionManifestStore:
         """Publish `manifest` at its version; False if that version already exists."""
         if manifest.version < 1:
             raise ValueError("manifest versions start at 1")
-        if not self.storage.put_if_not_exists(self.path(manifest.version), manifest.SerializeToString()):
+        outcome = self.storage.create(self.path(manifest.version), manifest.SerializeToString())
+        if outcome == EXISTED:
+            return False
+        if outcome == LANDED and self._is_claim(manifest):
+            # The store did not say whether our PUT landed, and the version holds our bytes. A claim's
+            # bytes do not identify the claimer (every claimer of version N+1 writes the same
+            # manifest), so they may be another claimer's: taking them for ours would give two
+            # writers one epoch. Report a lost race; the claimer then claims a higher epoch.
             return False
         try:
             hint = json.dumps({"version": manifest.version}, separators=(",", ":")).encode()
@@ -127,6 +135,15 @@ class RegionManifestStore:
         except StorageError:
             pass  # the hint is best-effort; readers probe forward past a stale one
         return True
+
+    def _is_claim(self, manifest: pb.ShardManifest) -> bool:
+        """Whether `manifest` starts a new writer epoch (version 1, or an epoch its predecessor lacks).
+        Other commits come from the epoch's one writer and name a fresh generation directory or a
+        position only it wrote, so identical bytes are its own."""
+        if manifest.version == 1:
+            return True
+        previous = self.read(manifest.version - 1)
+        return previous is None or previous.writer_epoch != manifest.writer_epoch
 
     def list_versions(self) -> list[int]:
         """Every version present in storage, ascending."""

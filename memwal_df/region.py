@@ -48,7 +48,7 @@ from memwal_df.memtable import MemTable
 from memwal_df.region_spec import RegionSpec
 from memwal_df.schema import TableSchema, delete_batch, iter_tables, keys_table, upsert_batch, with_tombstone
 from memwal_df.storage import Storage
-from memwal_df.wal import Wal, encode_entry, encode_fence_sentinel
+from memwal_df.wal import Wal, WalEntry, encode_entry, encode_fence_sentinel
 
 log = logging.getLogger(__name__)
 
@@ -326,15 +326,32 @@ class RegionWriter:
 
     def _append_wal(self, batches: list[pa.RecordBatch]) -> None:
         """Publish one WAL entry at the next position (caller holds the lock)."""
-        data = encode_entry(batches, self.epoch, self._active.generation)
-        position = self._next_position
-        if not self._wal.append(position, data):
+        while True:
+            data = encode_entry(batches, self.epoch, self._active.generation)
+            position = self._next_position
+            if self._wal.append(position, data):
+                break
             other = self._wal.read(position)
-            epoch = other.writer_epoch if other is not None else "?"
-            raise self._fence(f"WAL position {position} was taken by a writer with epoch {epoch}")
+            if other is None or other.is_sentinel or other.writer_epoch != self.epoch:
+                epoch = other.writer_epoch if other is not None else "?"
+                raise self._fence(f"WAL position {position} was taken by a writer with epoch {epoch}")
+            # Our own earlier append, which raised (a failed fsync, a lost answer) but landed: it is
+            # durable and every replay includes it, so this writer's MemTable includes it too.
+            self._adopt(other)
+            if not batches:  # non-durable: the adopted entry held every pending batch
+                return
         self._next_position = position + 1
         self._stats["wal_entries"] += 1
         self._stats["wal_bytes"] += len(data)
+
+    def _adopt(self, entry: WalEntry) -> None:
+        if self.config.durable_write:  # the write that failed never reached the MemTable
+            for batch in entry.batches:
+                self._active.append(self._conform_replayed(batch, entry.position))
+        else:  # the failed WAL flush kept its batches pending; they are in the MemTable already
+            del self._pending[: len(entry.batches)]
+        self._active.last_wal_position = entry.position
+        self._next_position = entry.position + 1
 
     def _flush_pending(self) -> None:
         if self._pending:
@@ -460,7 +477,10 @@ class RegionWriter:
                     f"the region manifest has epoch {latest.writer_epoch}, ours is {self.epoch}"
                 )
             m = next_version(latest)
-            change(m)
+            if change(m) is False:  # nothing to change: an earlier attempt of ours made this commit
+                with self._cond:
+                    self.manifest = latest
+                return
             if self._store.commit(m):
                 with self._cond:
                     self.manifest = m
@@ -497,8 +517,13 @@ def _set_last_seen(m: pb.ShardManifest, position: int) -> None:
     m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, position)
 
 
-def _add_generation(m: pb.ShardManifest, sstable: pb.SsTable, last_position: int) -> None:
+def _add_generation(m: pb.ShardManifest, sstable: pb.SsTable, last_position: int) -> bool:
+    if any(s.generation == sstable.generation for s in m.sstables):
+        # Generations at or above the claimed current_generation are added only by this epoch's
+        # writer, in order: an earlier attempt whose commit raised although it landed listed it.
+        return False
     m.replay_after_wal_entry_position = max(m.replay_after_wal_entry_position, last_position)
     m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, last_position)
     m.current_generation = sstable.generation + 1
     m.sstables.append(sstable)
+    return True

@@ -49,6 +49,9 @@ __all__ = ["Storage", "LocalStorage", "ObjectStorage", "open_storage", "obstore_
 
 _log = logging.getLogger(__name__)
 
+# Outcomes of `Storage.create`.
+CREATED, EXISTED, LANDED = "created", "existed", "landed"
+
 # In-flight (or abandoned) temp files of LocalStorage: `{name}.tmp.{uuid}`. They are not objects:
 # listings never show them, delete_prefix removes them.
 _TEMP_RE = re.compile(r"\.tmp\.[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$")
@@ -103,6 +106,13 @@ class Storage(ABC):
         """Write `path` only if no object exists there. True if written; False if one already existed.
 
         Atomic: a reader sees either no object or the whole of `data`. Durable when it returns."""
+
+    def create(self, path: str, data: bytes) -> str:
+        """`put_if_not_exists` with how it went: `CREATED` (this call wrote `data`), `EXISTED` (another
+        object was there), or `LANDED`: the store gave no clear answer (a retried or timed-out request)
+        but `path` now holds exactly `data`, written by this call *or by someone who wrote the same
+        bytes*. Callers whose bytes do not identify the writer must not take `LANDED` as their own."""
+        return CREATED if self.put_if_not_exists(path, data) else EXISTED
 
     @abstractmethod
     def put(self, path: str, data: bytes) -> None:
@@ -558,24 +568,33 @@ class ObjectStorage(Storage):
         return cls(f"{op} {path!r} in {self.uri}: {_first_line(exc)}")
 
     def put_if_not_exists(self, path: str, data: bytes) -> bool:
+        return self.create(path, data) != EXISTED
+
+    def create(self, path: str, data: bytes) -> str:
         key = self._key(path)
         for attempt in range(4):
             try:
                 obs.put(self.store, key, data, mode="create", use_multipart=False)
-                return True
+                return CREATED
             except (AlreadyExistsError, PreconditionError) as e:
                 # A PUT that object_store retried (e.g. after a timeout) may have been our own write
-                # landing the first time: the 412 is then about ourselves.
+                # landing the first time: the 412 may then be about ourselves, or about someone who
+                # wrote the same bytes meanwhile. Only the caller can tell those apart.
                 if _RETRIED_RE.search(str(e)) and self._get_or_none(key) == data:
-                    return True
-                return False
+                    return LANDED
+                return EXISTED
             except Exception as e:
                 # S3 answers 409 ConditionalRequestConflict when a conditional write overlaps a
                 # concurrent one or a delete; AWS documents it as retryable.
                 msg = str(e)
                 if attempt < 3 and ("409 Conflict" in msg or "ConditionalRequestConflict" in msg):
                     continue
-                raise self._error("put_if_not_exists", path, e) from e
+                # No answer (a timeout, a reset connection) says nothing about whether the PUT
+                # landed: what the store holds now does. Nothing readable there: the error stands.
+                existing = self._get_or_none(key)
+                if existing is None:
+                    raise self._error("put_if_not_exists", path, e) from e
+                return LANDED if existing == data else EXISTED
         raise AssertionError("unreachable")
 
     def _get_or_none(self, key: str) -> bytes | None:

@@ -194,8 +194,9 @@ class Wal:
             position += 1
 
     def has_data_after(self, position: int) -> bool:
-        """Whether a data entry (not only sentinels) exists after `position`."""
-        return any(not e.is_sentinel for e in self.scan(position + 1))
+        """Whether an entry with rows exists after `position` (sentinels and row-less entries, which a
+        replay turns into nothing to flush, do not count)."""
+        return any(e.num_rows for e in self.scan(position + 1))
 
     def last_position(self, start: int) -> int:
         """The highest existing position at or after `start` - 1, probing forward with HEAD requests."""
