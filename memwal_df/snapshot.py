@@ -18,6 +18,7 @@ generations hide older duplicates with a deletion vector, MemTable copies are de
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ from memwal_df.exec.keyset import key_array
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.predicate import referenced_columns, split_for_lance
 from memwal_df.schema import TableSchema
-from memwal_df.storage import Storage
+from memwal_df.storage import LocalStorage, Storage
 
 if TYPE_CHECKING:
     from memwal_df.region import RegionWriter
@@ -106,6 +107,11 @@ class Level:
                 return None
             self._keys = key_array([t.column(c) for c in primary_key])
         return self._keys
+
+    def set_keys(self, keys: pa.Array) -> None:
+        """Record the level's full key set when a caller has read it anyway (an unfiltered read)."""
+        if self._keys is None:
+            self._keys = keys
 
     def to_table(
         self,
@@ -180,8 +186,15 @@ def take_snapshot(
     memtables = _writer_memtables(writer)
     ids = table.region_ids()
     storage = table.storage
-    with ThreadPoolExecutor(min(_PARALLEL_MANIFEST_READS, max(1, len(ids)))) as pool:
-        manifests = list(pool.map(lambda r: RegionManifestStore(storage, r).latest(), ids))
+
+    def latest(region_id: uuid.UUID) -> pb.ShardManifest | None:
+        return RegionManifestStore(storage, region_id).latest()
+
+    # Local manifests are read faster than a thread pool starts; object stores in parallel.
+    if len(ids) <= 1 or isinstance(storage, LocalStorage):
+        manifests = [latest(r) for r in ids]
+    else:
+        manifests = list(_manifest_pool().map(latest, ids))
     regions = []
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
@@ -200,6 +213,19 @@ def take_snapshot(
         ]
         regions.append(RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels))
     return ReadSnapshot(table.schema, base, table.details, regions, consistency)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _manifest_pool() -> ThreadPoolExecutor:
+    """One process-wide pool for parallel manifest reads (starting a pool per query costs ms)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(_PARALLEL_MANIFEST_READS, thread_name_prefix="memwal-manifest")
+        return _POOL
 
 
 def _writer_memtables(

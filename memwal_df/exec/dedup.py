@@ -58,21 +58,29 @@ class DeduplicateExec(ExecNode):
         needed = list(dict.fromkeys([*self.columns, *self.primary_key, TOMBSTONE]))
         newer: list[pa.Array] = []
         shadow = KeySet.union([], self.key_type)
-        for level in self.region.levels:
-            keys = level.keys(self.primary_key)
-            if keys is None:
-                continue  # garbage-collected: its rows are in the base table
+        levels = self.region.levels
+        for i, level in enumerate(levels):
             rows = level.to_table(needed, self.filter, self.schema)
             if rows is None:
-                continue
+                continue  # garbage-collected: its rows are in the base table
+            row_keys = key_array([rows.column(c) for c in self.primary_key])
+            if self.filter is None:
+                level.set_keys(row_keys)  # every key of the level: no second read
             if rows.num_rows:
                 keep = pc.invert(rows.column(TOMBSTONE)).to_numpy(zero_copy_only=False)
                 if len(shadow):
-                    keep &= ~shadow.contains(key_array([rows.column(c) for c in self.primary_key]))
-                out = rows.filter(pa.array(keep)) if not keep.all() else rows
-                yield from out.select(self.columns).to_batches()
-            newer.append(keys)
-            shadow = KeySet.union(newer, self.key_type)
+                    keep &= ~shadow.contains(row_keys)
+                if not self.columns:  # count(*): only the number of rows matters
+                    if n := int(keep.sum()):
+                        yield pa.record_batch([pa.nulls(n)], names=["n"]).select([])
+                else:
+                    out = rows.filter(pa.array(keep)) if not keep.all() else rows
+                    yield from out.select(self.columns).to_batches()
+            if i + 1 < len(levels):  # the oldest level shadows nothing
+                keys = level.keys(self.primary_key)
+                if keys is not None:
+                    newer.append(keys)
+                    shadow = KeySet.union(newer, self.key_type)
 
 
 class AntiJoinScanExec(ExecNode):

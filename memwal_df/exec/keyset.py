@@ -26,6 +26,14 @@ def key_array(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
     return encode_composite_keys(arrays)
 
 
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique, without its overhead: a sort and a neighbour comparison)."""
+    a = np.sort(a)
+    if len(a) > 1:
+        a = a[np.r_[True, a[1:] != a[:-1]]]
+    return a
+
+
 def _is_int(t: pa.DataType) -> bool:
     return pa.types.is_integer(t)
 
@@ -37,7 +45,9 @@ class KeySet:
         t = key_type or keys.type
         self.type = t
         if _is_int(t):
-            self._sorted: np.ndarray | None = np.unique(keys.to_numpy(zero_copy_only=False).astype(np.int64))
+            self._sorted: np.ndarray | None = _sorted_unique(
+                keys.to_numpy(zero_copy_only=False).astype(np.int64)
+            )
             self._values: pa.Array | None = None
             self.size = len(self._sorted)
         else:
