@@ -22,6 +22,7 @@ import pyarrow.dataset as pds
 from memwal_df.exec.base import ExecNode
 from memwal_df.exec.filter import FilterExec
 from memwal_df.exec.lookup_plan import plan_point_lookup
+from memwal_df.exec.union import UnionExec
 from memwal_df.planner import Partition, plan_scan
 from memwal_df.predicate import column_predicates, key_lookups, referenced_columns
 from memwal_df.snapshot import take_snapshot
@@ -112,6 +113,11 @@ class MemWalTable(pds.Dataset):
 
     def _plan(self, filter: Any) -> list[Partition]:
         """Point lookup when the filter pins the primary key to a finite set, else a scan."""
+        if isinstance(filter, pa.Scalar):  # DataFusion folded the filter to a constant
+            if filter.as_py() is True:
+                filter = None
+            else:
+                return [Partition("no rows (the filter is never true)", lambda cols: UnionExec([]))]
         snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
         ts = self.table.schema
         keys = key_lookups(filter, ts.primary_key)

@@ -20,6 +20,7 @@ from typing import Any
 from memwal_df.exec.base import ExecNode
 from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec
 from memwal_df.exec.keyset import KeySet
+from memwal_df.exec.union import UnionExec
 from memwal_df.region_spec import RegionSpec
 from memwal_df.snapshot import ReadSnapshot, RegionLevels
 
@@ -108,4 +109,6 @@ def plan_scan(
                     lambda cols, ids=ids: AntiJoinScanExec(snapshot.base, ids, pk, cols, filter, shadow),
                 )
             )
+    if not out:  # DataFusion's plans need at least one partition (a sort over none is rejected)
+        out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from memwal_df import layout, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.bloom import BloomFilter
-from memwal_df.errors import NotFoundError
+from memwal_df.errors import MissingGenerationError, NotFoundError
 from memwal_df.exec.keyset import key_array
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.predicate import referenced_columns, split_for_lance
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 Consistency = Literal["latest"]
 _PARALLEL_MANIFEST_READS = 16
+_MAX_PLANNING_ATTEMPTS = 5
 
 
 @dataclass
@@ -81,9 +82,16 @@ class Level:
                     storage_options=self.storage.storage_options or None,
                 )
             except (ValueError, OSError):
-                self.missing = True
+                self._gone_or_raise()
                 return None
         return self._dataset
+
+    def _gone_or_raise(self) -> None:
+        """After a failed read: mark the level missing if its directory was garbage-collected; a
+        directory that exists but cannot be read is an error (skipping it would return stale rows)."""
+        if self.storage.list(self.path or ""):
+            raise MissingGenerationError(f"{self.name} exists but cannot be read: {self.path}")
+        self.missing = True
 
     def bloom(self) -> BloomFilter | None:
         """The level's primary-key bloom filter (None if the generation has none)."""
@@ -138,7 +146,7 @@ class Level:
         try:
             t = ds.to_table(columns=read, filter=sql)
         except (ValueError, OSError):
-            self.missing = True  # collected while we read it
+            self._gone_or_raise()  # collected while we read it, or unreadable
             return None
         if residual is not None:
             t = t.filter(residual)
@@ -177,7 +185,17 @@ def take_snapshot(
 ) -> ReadSnapshot:
     """Pin the base version, then read every region's latest manifest (and the writer's MemTables)."""
     if consistency != "latest":
-        raise ValueError(f"unknown consistency mode {consistency!r}")
+        raise ValueError(f"unknown consistency mode {consistency!r} (only 'latest' exists so far)")
+    for _ in range(_MAX_PLANNING_ATTEMPTS):
+        snapshot = _take(table, writer)
+        # A merge committed while the manifests were read may already have been collected: its
+        # generations would be missing from both the pinned base and the levels. Plan again.
+        if memwal_index.latest_version(table.storage) == snapshot.base.version:
+            return snapshot
+    return snapshot
+
+
+def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapshot:
     table.refresh()
     base = table.dataset
     merged = memwal_index.merged_generations(table.details)
@@ -212,7 +230,7 @@ def take_snapshot(
             for s in flushed
         ]
         regions.append(RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels))
-    return ReadSnapshot(table.schema, base, table.details, regions, consistency)
+    return ReadSnapshot(table.schema, base, table.details, regions, "latest")
 
 
 _POOL: ThreadPoolExecutor | None = None
