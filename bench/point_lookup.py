@@ -22,12 +22,11 @@ from pathlib import Path
 import lance
 import numpy as np
 import pyarrow as pa
-from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
+from _workload import native_snapshots
+from lance.mem_wal import LsmPointLookupPlanner
 
 import memwal_df as mw
-from memwal_df import memwal_index
 from memwal_df.exec.lookup_plan import plan_point_lookup
-from memwal_df.manifest import RegionManifestStore
 from memwal_df.snapshot import take_snapshot
 
 
@@ -52,22 +51,6 @@ def build(root: Path, base_rows: int, generations: int, batch: int) -> tuple[mw.
                 oldest = int(new[0])
             newest = int(new[-1])
     return t, {"base only": base_rows // 3 + 1, "newest gen": newest, "oldest gen": oldest, "absent": -5}
-
-
-def native_snapshots(t: mw.Table) -> list[ShardSnapshot]:
-    merged = memwal_index.merged_generations(t.details)
-    out = []
-    for region_id in t.region_ids():
-        m = RegionManifestStore(t.storage, region_id).latest()
-        if m is None:
-            continue
-        snap = ShardSnapshot(str(region_id)).with_spec_id(m.shard_spec_id)
-        snap = snap.with_current_generation(m.current_generation)
-        for s in sorted(m.sstables, key=lambda s: s.generation):
-            if s.generation > merged.get(region_id, 0):
-                snap = snap.with_sstable(s.generation, s.path)
-        out.append(snap)
-    return out
 
 
 def timed(fn: Callable[[], object], n: int) -> tuple[float, float]:

@@ -39,9 +39,7 @@ import platform
 import pstats
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -53,82 +51,11 @@ from typing import Any
 import lance
 import numpy as np
 import pyarrow as pa
+from _workload import NUM_REGIONS, Workload, git_state, make_workload, scratch_root
 from lance.mem_wal import evaluate_sharding_spec
 
 import memwal_df as mw
 from memwal_df import layout
-
-ROOT = Path(__file__).resolve().parent.parent
-PK_META = {b"lance-schema:unenforced-primary-key": b"true"}
-DIM = 64
-NUM_REGIONS = 4
-
-SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int64(), nullable=False, metadata=PK_META),
-        pa.field("category", pa.string()),
-        pa.field("value", pa.float64()),
-        pa.field("text", pa.string()),
-        pa.field("vec", pa.list_(pa.float32(), DIM)),
-    ]
-)
-
-
-# --------------------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------------------
-
-
-def make_rows(rng: np.random.Generator, ids: np.ndarray, vocab: list[str]) -> pa.Table:
-    """Rows of the reference workload for `ids`: category, value, text of 5-15 words, vec float32x64."""
-    n = len(ids)
-    lengths = rng.integers(5, 16, n)
-    words = rng.integers(0, len(vocab), int(lengths.sum()))
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    bounds = zip(starts.tolist(), ends.tolist(), strict=True)
-    text = [" ".join(vocab[w] for w in words[s:e]) for s, e in bounds]
-    vec = rng.standard_normal(n * DIM, dtype=np.float32)
-    return pa.Table.from_arrays(
-        [
-            pa.array(ids, pa.int64()),
-            pa.array([f"cat{c:02d}" for c in rng.integers(0, 16, n)]),
-            pa.array(rng.random(n)),
-            pa.array(text),
-            pa.FixedSizeListArray.from_arrays(pa.array(vec), DIM),
-        ],
-        schema=SCHEMA,
-    )
-
-
-@dataclass
-class Workload:
-    base: pa.Table
-    batches: list[pa.Table]  # the upserts, one table (one chunk) per put
-    singles: list[pa.Table]  # one-row tables for the latency runs
-    upsert_rows: int
-
-
-def make_workload(base_rows: int, upsert_rows: int, batch: int, singles: int, seed: int = 42) -> Workload:
-    rng = np.random.default_rng(seed)
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "xe", "zu", "pa", "do", "gi", "he"]
-    vocab = sorted({"".join(rng.choice(syllables, rng.integers(2, 5))) for _ in range(3000)})
-    base = make_rows(rng, np.arange(base_rows, dtype=np.int64), vocab)
-    batches = []
-    next_id = base_rows
-    for lo in range(0, upsert_rows, batch):
-        n = min(batch, upsert_rows - lo)
-        n_upd = min(n // 2, base_rows)
-        upd = rng.choice(base_rows, n_upd, replace=False)
-        new = np.arange(next_id, next_id + n - n_upd, dtype=np.int64)
-        next_id += n - n_upd
-        ids = np.concatenate([upd, new])
-        rng.shuffle(ids)
-        batches.append(make_rows(rng, ids, vocab).combine_chunks())
-    single_ids = np.arange(next_id, next_id + singles, dtype=np.int64)
-    pool = make_rows(rng, single_ids, vocab).combine_chunks()
-    return Workload(base, batches, [pool.slice(i, 1) for i in range(singles)], upsert_rows)
-
 
 # --------------------------------------------------------------------------------------------------
 # Tables
@@ -576,20 +503,6 @@ def markdown(runs: list[Run], latencies: list[Latency]) -> str:
     return "\n".join(lines)
 
 
-def _git_state() -> str:
-    """HEAD of the project, with "+dirty" when memwal_df/ has uncommitted changes."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "memwal_df"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 # --------------------------------------------------------------------------------------------------
 
 
@@ -627,13 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     latency_puts = args.latency_puts or (100 if args.small else 500)
     tuned = args.tuned_interval_ms or None
 
-    if args.dir:
-        root = Path(args.dir).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="write-", dir=root))
-    else:
-        (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="write-", dir=ROOT / "bench" / "results"))
+    root = scratch_root(args.dir, "write-")
     scratch = Scratch(root)
 
     t0 = time.perf_counter()
@@ -711,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
                     "pyarrow": pa.__version__,
                     "cpus": os.cpu_count(),
                     "load_average_end": os.getloadavg()[0],
-                    "git": _git_state(),
+                    "git": git_state(),
                 },
                 "throughput": [
                     {

@@ -1,0 +1,145 @@
+"""Pieces shared by the benchmarks in bench/: the reference workload of DESIGN.md section 7, Lance-native
+shard snapshots of a memwal_df table, and run metadata.
+
+Workload: `id` int64 primary key, `category` string (16 values), `value` float64 in [0, 1), `text` of
+5-15 words from a 3,000-word vocabulary, `vec` float32 x 64. Upserts are half updates of random base
+keys, half new keys above the base, in `batch`-row tables. Everything is seeded: the same arguments
+give the same rows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from lance.mem_wal import ShardSnapshot
+
+import memwal_df as mw
+from memwal_df import memwal_index
+from memwal_df.manifest import RegionManifestStore
+
+ROOT = Path(__file__).resolve().parent.parent
+PK_META = {b"lance-schema:unenforced-primary-key": b"true"}
+DIM = 64
+NUM_REGIONS = 4
+
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False, metadata=PK_META),
+        pa.field("category", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("text", pa.string()),
+        pa.field("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+
+
+def make_rows(rng: np.random.Generator, ids: np.ndarray, vocab: list[str]) -> pa.Table:
+    """Rows of the reference workload for `ids`: category, value, text of 5-15 words, vec float32x64."""
+    n = len(ids)
+    lengths = rng.integers(5, 16, n)
+    words = rng.integers(0, len(vocab), int(lengths.sum()))
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    bounds = zip(starts.tolist(), ends.tolist(), strict=True)
+    text = [" ".join(vocab[w] for w in words[s:e]) for s, e in bounds]
+    vec = rng.standard_normal(n * DIM, dtype=np.float32)
+    return pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.int64()),
+            pa.array([f"cat{c:02d}" for c in rng.integers(0, 16, n)]),
+            pa.array(rng.random(n)),
+            pa.array(text),
+            pa.FixedSizeListArray.from_arrays(pa.array(vec), DIM),
+        ],
+        schema=SCHEMA,
+    )
+
+
+@dataclass
+class Workload:
+    base: pa.Table
+    batches: list[pa.Table]  # the upserts, one table (one chunk) per put
+    singles: list[pa.Table]  # one-row tables for the latency runs
+    upsert_rows: int
+
+
+def make_workload(base_rows: int, upsert_rows: int, batch: int, singles: int, seed: int = 42) -> Workload:
+    """Base rows 0..base_rows-1, then `upsert_rows` upserts in `batch`-row tables (half updates of random
+    base keys, half new keys counting up from base_rows), then `singles` one-row tables of new keys."""
+    rng = np.random.default_rng(seed)
+    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "xe", "zu", "pa", "do", "gi", "he"]
+    vocab = sorted({"".join(rng.choice(syllables, rng.integers(2, 5))) for _ in range(3000)})
+    base = make_rows(rng, np.arange(base_rows, dtype=np.int64), vocab)
+    batches = []
+    next_id = base_rows
+    for lo in range(0, upsert_rows, batch):
+        n = min(batch, upsert_rows - lo)
+        n_upd = min(n // 2, base_rows)
+        upd = rng.choice(base_rows, n_upd, replace=False)
+        new = np.arange(next_id, next_id + n - n_upd, dtype=np.int64)
+        next_id += n - n_upd
+        ids = np.concatenate([upd, new])
+        rng.shuffle(ids)
+        batches.append(make_rows(rng, ids, vocab).combine_chunks())
+    single_ids = np.arange(next_id, next_id + singles, dtype=np.int64)
+    pool = make_rows(rng, single_ids, vocab).combine_chunks()
+    return Workload(base, batches, [pool.slice(i, 1) for i in range(singles)], upsert_rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Lance native readers
+# --------------------------------------------------------------------------------------------------
+
+
+def native_snapshots(t: mw.Table) -> list[ShardSnapshot]:
+    """Lance `ShardSnapshot`s of every region of `t` from its latest region manifest: the flushed
+    generations not merged yet (what `LsmScanner` / `LsmPointLookupPlanner` should read)."""
+    merged = memwal_index.merged_generations(t.details)
+    out = []
+    for region_id in t.region_ids():
+        m = RegionManifestStore(t.storage, region_id).latest()
+        if m is None:
+            continue
+        snap = ShardSnapshot(str(region_id)).with_spec_id(m.shard_spec_id)
+        snap = snap.with_current_generation(m.current_generation)
+        for s in sorted(m.sstables, key=lambda s: s.generation):
+            if s.generation > merged.get(region_id, 0):
+                snap = snap.with_sstable(s.generation, s.path)
+        out.append(snap)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Run metadata
+# --------------------------------------------------------------------------------------------------
+
+
+def scratch_root(directory: str | None, prefix: str) -> Path:
+    """A fresh directory for a run's tables: under `directory`, else under bench/results/ (same disk)."""
+    parent = Path(directory).resolve() if directory else ROOT / "bench" / "results"
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+def git_state() -> str:
+    """HEAD of the project, with "+dirty" when memwal_df/ has uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "memwal_df"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
