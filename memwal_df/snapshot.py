@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +50,41 @@ _PARALLEL_MANIFEST_READS = 16
 _MAX_PLANNING_ATTEMPTS = 5
 
 
+class _GenerationCache:
+    """Immutable per-generation state kept across queries, keyed by the generation's URI.
+
+    A generation directory never changes once its manifest entry is committed (a retried flush
+    writes a new directory), so its opened dataset, bloom filter and derived indexes stay valid until
+    it is garbage-collected, which readers detect when a read fails."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._capacity = capacity
+
+    def get(self, uri: str, name: str, compute: Callable[[], Any]) -> Any:
+        key = (uri, name)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = compute()
+        if value is not None:
+            with self._lock:
+                self._items[key] = value
+                while len(self._items) > self._capacity:
+                    self._items.popitem(last=False)
+        return value
+
+    def forget(self, uri: str) -> None:
+        with self._lock:
+            for key in [k for k in self._items if k[0] == uri]:
+                del self._items[key]
+
+
+GENERATIONS = _GenerationCache()
+
+
 @dataclass
 class Level:
     """One source of rows: a flushed generation or an unflushed MemTable of one region.
@@ -71,15 +107,23 @@ class Level:
     def name(self) -> str:
         return f"{self.kind} {self.generation} of region {self.region_id}"
 
+    @property
+    def uri(self) -> str:
+        return self.storage.child_uri(self.path or "")
+
+    def cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        """A value derived from this generation's files, computed once per process (None: not kept)."""
+        return GENERATIONS.get(self.uri, name, compute)
+
     def dataset(self) -> lance.LanceDataset | None:
         """The generation's Lance dataset; None (and `missing` set) if it was garbage-collected."""
         if self.kind != "generation" or self.missing:
             return None
         if self._dataset is None:
             try:
-                self._dataset = lance.dataset(
-                    self.storage.child_uri(self.path or ""),
-                    storage_options=self.storage.storage_options or None,
+                options = self.storage.storage_options or None
+                self._dataset = self.cached(
+                    "dataset", lambda: lance.dataset(self.uri, storage_options=options)
                 )
             except (ValueError, OSError):
                 self._gone_or_raise()
@@ -89,6 +133,7 @@ class Level:
     def _gone_or_raise(self) -> None:
         """After a failed read: mark the level missing if its directory was garbage-collected; a
         directory that exists but cannot be read is an error (skipping it would return stale rows)."""
+        GENERATIONS.forget(self.uri)
         if self.storage.list(self.path or ""):
             raise MissingGenerationError(f"{self.name} exists but cannot be read: {self.path}")
         self.missing = True
@@ -99,9 +144,8 @@ class Level:
             if self.kind == "memtable":
                 return None
             try:
-                self._bloom = BloomFilter.from_bytes(
-                    self.storage.get(f"{self.path}/{layout.BLOOM_FILTER_FILE}")
-                )
+                path = f"{self.path}/{layout.BLOOM_FILTER_FILE}"
+                self._bloom = self.cached("bloom", lambda: BloomFilter.from_bytes(self.storage.get(path)))
             except (NotFoundError, ValueError):
                 return None
         return self._bloom

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 from merge_helper import flushed_generations, gc_merged, merge_all, merge_region, merged_generation
@@ -518,11 +518,7 @@ LIGHT_SCENARIOS = ["base_only", "empty_regions", "empty_base", "empty_base_no_le
 def test_int_key_queries(tmp_path, name):
     lsm = build(tmp_path, INT, name)
     try:
-        queries = queries_for(INT, more=name in RICH_SCENARIOS)
-        if name == "empty_base_no_levels":
-            # zero partitions: see test_order_by_limit_on_a_table_without_rows (xfail)
-            queries = [q for q in queries if "ORDER BY" not in q]
-        check_both_views(lsm, queries)
+        check_both_views(lsm, queries_for(INT, more=name in RICH_SCENARIOS))
     finally:
         lsm.abort()
 
@@ -776,7 +772,7 @@ def test_generation_collected_while_query_is_planned_does_not_error(tmp_path, ra
     ctx = new_context()
     t = racer(lsm.uri)
     ctx.register_table("t", t)
-    ctx.sql(query.format(t="t")).to_arrow_table()  # no error (its rows: see the xfail test below)
+    ctx.sql(query.format(t="t")).to_arrow_table()  # no error (its rows: the next test)
     assert t.collected
     # the next query through the same registration reads the merged base
     register_references(ctx, lsm, "t", with_writer=False)
@@ -810,7 +806,7 @@ def test_unreadable_unmerged_generation_is_an_error(tmp_path, query):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Known bugs (strict xfail: they turn into failures once fixed, then drop the marker)
+# Regressions: bugs these tests found (fixed in ca085f6)
 # ---------------------------------------------------------------------------------------------------------
 
 CONSTANT_FILTER_QUERIES = [
@@ -889,10 +885,6 @@ SHAPES = [
 ]
 QUERY = st.tuples(st.sampled_from(SHAPES), FILTER)  # (shape, filter)
 
-# Errors of the two known bugs above (xfail tests): a random query may hit them; it is then only checked
-# that the bug's precondition holds, so the rest of the history keeps being tested.
-_CONSTANT_FILTER_ERRORS = ("BooleanScalar", "Filter should be array-like")
-
 
 class HistoryMachine(RuleBasedStateMachine):
     """Random puts (new keys, updates moving values in and out of ranges), deletes, flushes, merges and
@@ -918,19 +910,7 @@ class HistoryMachine(RuleBasedStateMachine):
         for name, with_writer in (("t", False), ("tw", True)):
             _register_batches(self.ctx, f"{name}_model", _plain(self.lsm.model_table(with_writer)))
             sql = shape.replace("{f}", flt)
-            try:
-                got = answer(self.ctx, sql.format(t=name))
-            except Exception as e:
-                if any(m in str(e) for m in _CONSTANT_FILTER_ERRORS):  # test_filter_folded_to_a_constant
-                    plan = self.ctx.sql(f"EXPLAIN SELECT * FROM {name} WHERE {flt}").to_arrow_table()
-                    assert "full_filters=[Boolean(" in str(plan.column(1).to_pylist()), (sql, e)
-                    event("known bug: constant filter")
-                    continue
-                if "SanityCheckPlan" in str(e):  # test_order_by_limit_on_a_table_without_rows
-                    assert not (self.lsm.model if with_writer else self.lsm.flushed), (sql, e)
-                    event("known bug: zero partitions")
-                    continue
-                raise
+            got = answer(self.ctx, sql.format(t=name))
             want = answer(self.ctx, sql.format(t=f"{name}_model"))
             assert got == want, f"{sql!r} on {name}:\n got  {got}\n want {want}"
 

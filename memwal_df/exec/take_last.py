@@ -36,7 +36,6 @@ import pyarrow.compute as pc
 
 from memwal_df import pk_index
 from memwal_df.errors import NotFoundError
-from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec._keys import (
     TOMBSTONE,
     encode_keys,
@@ -57,9 +56,6 @@ _ROWADDR = "_rowaddr"
 class _PkIndex:
     values: pa.Array  # sorted keys (composite keys encoded)
     ids: np.ndarray  # uint64 row offsets in fragment 0, aligned with values
-
-
-_pk_indexes: PerObjectCache[Level, _PkIndex | None] = PerObjectCache()
 
 
 def level_label(level: Level) -> str:
@@ -172,7 +168,7 @@ class TakeLastExec(ExecNode):
             self.method = "nothing (generation garbage-collected)"
             return None
         try:
-            index = _pk_indexes.get(level, lambda: _load_pk_index(level, ds))
+            index = level.cached("pk_index", lambda: _load_pk_index(level, ds))
             if index is not None:
                 self.method = "_pk_index"
                 taken = self._take_by_index(ds, index)
