@@ -39,7 +39,7 @@ import pyarrow as pa
 import pytest
 from obstore.exceptions import AlreadyExistsError
 from reference import stored_rows
-from wal_oracle import apply_rows, check_region, durable_rows, region_ids, wal_records
+from wal_oracle import apply_rows, check_region, durable_rows, wal_records
 
 import memwal_df as mw
 from memwal_df import layout
@@ -392,7 +392,7 @@ def apply_op(writer: Any, op: dict[str, Any]) -> None:
 
 
 def check_all_regions(table: mw.Table) -> dict[uuid.UUID, Any]:
-    return {rid: check_region(table, rid) for rid in region_ids(table)}
+    return {rid: check_region(table, rid) for rid in table.region_ids()}
 
 
 def backend(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> tuple[str, dict[str, str] | None]:

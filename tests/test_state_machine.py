@@ -45,7 +45,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from reference import stored_rows
-from wal_oracle import apply_rows, check_region, durable_rows, region_ids, region_snapshot
+from wal_oracle import apply_rows, check_region, durable_rows, region_snapshot
 
 import memwal_df as mw
 from memwal_df import errors
@@ -322,11 +322,11 @@ class WriterMachine(RuleBasedStateMachine):
     @rule()
     def recover(self) -> None:
         self.recovered = True
-        expected = {rid for rid in region_ids(self.table) if region_snapshot(self.table, rid).tail_has_data}
+        expected = {rid for rid in self.table.region_ids() if region_snapshot(self.table, rid).tail_has_data}
         got = self.table.recover()
         event(f"recover() after a crash recovers {len(got)} regions")
         assert len(got) == len(set(got)) and set(got) == expected
-        for rid in region_ids(self.table):
+        for rid in self.table.region_ids():
             assert not region_snapshot(self.table, rid).tail_has_data
         assert self.table.recover() == []
 
@@ -335,7 +335,7 @@ class WriterMachine(RuleBasedStateMachine):
         there and reports its buffered (never durable) rows; then it crashes."""
         assert self.writer is not None
         self.settle()
-        expected = {rid for rid in region_ids(self.table) if region_snapshot(self.table, rid).tail_has_data}
+        expected = {rid for rid in self.table.region_ids() if region_snapshot(self.table, rid).tail_has_data}
         got = self.table.recover()
         event(f"recover() fences {len(set(got) & set(self.writer.writers))} live region writers")
         assert set(got) == expected
@@ -366,7 +366,7 @@ class WriterMachine(RuleBasedStateMachine):
             claimed = set(self.writer.writers)
             memtables = [m for rw in self.writer.writers.values() for m in rw.memtables]
         got = stored_rows(self.table, memtables)
-        for rid in region_ids(self.table):
+        for rid in self.table.region_ids():
             if rid not in claimed and (snap := region_snapshot(self.table, rid)) is not None:
                 apply_rows(got, snap.tail_rows)
         assert got == self.model(durable_only=False)
@@ -388,10 +388,10 @@ class WriterMachine(RuleBasedStateMachine):
                     rm.durable = len(rm.ops)
             table = mw.open_table(self.uri, self.options)
             table.recover()
-            gens = sum(len(region_snapshot(table, r).manifest.sstables) for r in region_ids(table))
+            gens = sum(len(region_snapshot(table, r).manifest.sstables) for r in table.region_ids())
             event(f"generations flushed: {gens // 10 * 10}+")
             assert stored_rows(table) == self.model(durable_only=False)
-            for rid in region_ids(table):
+            for rid in table.region_ids():
                 check_region(table, rid)
                 assert not region_snapshot(table, rid).tail_has_data
         finally:

@@ -89,16 +89,6 @@ class RegionSnapshot:
         return any(not rec.sentinel for rec in self.tail)
 
 
-def region_ids(table: Table) -> list[uuid.UUID]:
-    out = []
-    for name in table.storage.list_dir(layout.MEM_WAL_DIR):
-        try:
-            out.append(uuid.UUID(name))
-        except ValueError:
-            pass
-    return sorted(out)
-
-
 _GENERATIONS: dict[str, list[dict[str, Any]]] = {}
 
 
@@ -132,7 +122,7 @@ def durable_rows(table: Table) -> dict[Any, dict[str, Any]]:
     model: dict[Any, dict[str, Any]] = {}
     apply_rows(model, table.dataset.to_table().to_pylist())
     merged = memwal_index.merged_generations(table.details)
-    for rid in region_ids(table):
+    for rid in table.region_ids():
         snap = region_snapshot(table, rid, merged.get(rid, 0))
         if snap is None:
             continue
