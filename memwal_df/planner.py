@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from memwal_df.exec.base import ExecNode
 from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec
 from memwal_df.exec.keyset import KeySet
@@ -55,8 +57,6 @@ class _SharedKeys:
 
 def key_type(snapshot: ReadSnapshot) -> Any:
     """The Arrow type of a key array (the column's type, or binary for composite keys)."""
-    import pyarrow as pa
-
     pk = snapshot.schema.primary_key
     return snapshot.schema.schema.field(pk[0]).type if len(pk) == 1 else pa.binary()
 

@@ -1113,6 +1113,12 @@ class RegionSpec:
                 return None
         return total
 
+    def reads_only(self, field_ids: Iterable[int]) -> bool:
+        """Whether every source column of the spec is among `field_ids` (e.g. the primary key's, so
+        that a key alone can be routed)."""
+        allowed = set(field_ids)
+        return all(sid in allowed for f in self.fields for sid in f.source_ids)
+
     # --- binding and evaluation
 
     def bind(self, schema_field_ids: Mapping[str, int], schema: pa.Schema) -> RegionSpec:

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from memwal_df.errors import NullPrimaryKeyError, SchemaMismatchError
-from memwal_df.wal import TOMBSTONE, wal_schema
+from memwal_df.wal import wal_schema
 
 
 @dataclass(frozen=True)
@@ -189,8 +188,3 @@ def with_tombstone(ts: TableSchema, table: pa.Table, deleted: bool) -> pa.Record
     flag = pa.array(np.full(table.num_rows, deleted), pa.bool_())
     columns = [c.combine_chunks() for c in table.columns] + [flag]
     return pa.RecordBatch.from_arrays(columns, schema=ts.wal)
-
-
-def live_rows(wal_table: pa.Table) -> pa.Table:
-    """Rows of a WAL-schema table that are not tombstones, without the `_tombstone` column."""
-    return wal_table.filter(pc.invert(wal_table.column(TOMBSTONE))).drop_columns([TOMBSTONE])

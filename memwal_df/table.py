@@ -128,17 +128,10 @@ class Table:
     ) -> RegionWriter:
         """Claim region `region_id` (creating it if needed) and return its writer."""
         region_id = uuid.UUID(str(region_id))
-        config = config or self._config(durable, indexed, settings)
-        values, entries = self._region_values(region_id)
-        ctx = RegionContext(
-            storage=self.storage,
-            schema=self.schema,
-            data_storage_version=self.data_storage_version,
-            spec=self.spec,
-            region_values=values,
-            field_entries=entries,
-        )
-        return RegionWriter(ctx, region_id, config)
+        m = RegionManifestStore(self.storage, region_id).latest()
+        values = self.region_values(m) if m is not None else None
+        entries = {e.field_id: e.value for e in m.shard_field_entries} if m is not None and values else {}
+        return self._writer(region_id, values, entries, config or self._config(durable, indexed, settings))
 
     def writer(
         self, *, durable: bool | None = None, indexed: bool | None = None, **settings: Any
@@ -217,16 +210,6 @@ class Table:
             **settings,
         )
 
-    def _region_values(self, region_id: uuid.UUID) -> tuple[tuple[Any, ...] | None, dict[str, bytes]]:
-        """A region's spec values: from its manifest if it exists, else by matching the derived id."""
-        m = RegionManifestStore(self.storage, region_id).latest()
-        if m is not None:
-            values = self.region_values(m)
-            if values is None:
-                return None, {}
-            return values, {e.field_id: e.value for e in m.shard_field_entries}
-        return None, {}
-
     def region_values(self, m: pb.ShardManifest) -> tuple[Any, ...] | None:
         """A region's values under its spec, from its manifest's field entries (None if unknown)."""
         spec = self._specs.get(m.shard_spec_id)
@@ -240,19 +223,23 @@ class Table:
             for f in spec.fields
         )
 
-    def register_region(self, values: tuple[Any, ...]) -> tuple[uuid.UUID, dict[str, bytes]]:
-        """The derived id of a region value tuple and the field entries its manifest records."""
+    def routed_writer(self, values: tuple[Any, ...], config: WriterConfig) -> RegionWriter:
+        """The writer of the region for `values`, created with its field entries if new."""
         spec = self._require_spec()
         entries = {
             f.field_id: encode_region_value(v, result_arrow_type(f.result_type))
             for f, v in zip(spec.fields, values, strict=True)
             if v is not None
         }
-        return self.region_id_for(values), entries
+        return self._writer(self.region_id_for(values), values, entries, config)
 
-    def routed_writer(self, values: tuple[Any, ...], config: WriterConfig) -> RegionWriter:
-        """The writer of the region for `values`, created with its field entries if new."""
-        region_id, entries = self.register_region(values)
+    def _writer(
+        self,
+        region_id: uuid.UUID,
+        values: tuple[Any, ...] | None,
+        entries: dict[str, bytes],
+        config: WriterConfig,
+    ) -> RegionWriter:
         ctx = RegionContext(
             storage=self.storage,
             schema=self.schema,

@@ -60,8 +60,7 @@ class TableWriter:
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key; the region spec must depend on key columns only."""
         ts = self.table.schema
-        key_ids = {ts.field_ids[c] for c in ts.primary_key}
-        if any(sid not in key_ids for f in self.spec.fields for sid in f.source_ids):
+        if not self.spec.reads_only(ts.field_ids[c] for c in ts.primary_key):
             raise RegionRoutingError(
                 "the region spec reads non-key columns, so a key alone cannot be routed: "
                 "delete through table.region_writer(region_id)"

@@ -21,7 +21,6 @@ from memwal_df.schema import (
     delete_batch,
     iter_tables,
     keys_table,
-    live_rows,
     to_table,
     upsert_batch,
 )
@@ -311,7 +310,6 @@ def test_delete_batch_builds_tombstones(keys: object) -> None:
     for f in SCHEMA:
         if f.name != "id":
             assert batch.column(f.name).null_count == 2 and batch.column(f.name).type == f.type
-    assert live_rows(pa.Table.from_batches([batch])).num_rows == 0
 
 
 def test_delete_batch_composite_key() -> None:
@@ -337,12 +335,6 @@ def test_delete_batch_errors() -> None:
         delete_batch(TS, pa.table({"id": [1], "name": ["x"]}))  # only key columns
     with pytest.raises(SchemaMismatchError):
         delete_batch(TS, pa.table({"id": ["x"]}))
-
-
-def test_live_rows() -> None:
-    t = pa.Table.from_batches([upsert_batch(TS, expected([1, 2])), delete_batch(TS, pa.table({"id": [2]}))])
-    live = live_rows(t)
-    assert live.schema == SCHEMA and live.to_pylist() == expected([1, 2]).to_pylist()
 
 
 # ------------------------------------------------------------------ input kinds

@@ -138,8 +138,7 @@ def _route(
         return [], []
     if not with_levels:
         return [], every
-    key_ids = {field_ids[c] for c in primary_key if c in field_ids}
-    routable = spec is not None and all(sid in key_ids for f in spec.fields for sid in f.source_ids)
+    routable = spec is not None and spec.reads_only(field_ids[c] for c in primary_key if c in field_ids)
     if not routable:
         return [(with_levels, every)], []
     assert spec is not None
