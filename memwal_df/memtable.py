@@ -91,7 +91,8 @@ class MemTable:
         table = self.to_table()
         if len(self._catch_up()) == table.num_rows:
             return table
-        return table.take(pa.array(self.newest_positions()))
+        # Take from one contiguous table: a take across the MemTable's many small batches costs ~30x more.
+        return table.combine_chunks().take(pa.array(self.newest_positions()))
 
     def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
         """The newest rows (tombstones included) of the given keys that this MemTable holds."""

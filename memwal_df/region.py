@@ -118,8 +118,14 @@ class RegionWriter:
         self._wal = Wal(ctx.storage, region_id)
         self._cond = threading.Condition(threading.RLock())
         self._sealed: deque[MemTable] = deque()
-        self._pending: list[pa.RecordBatch] = []  # accepted, not yet in the WAL (non-durable mode)
+        # Non-durable mode: accepted batches collect in `_pending` until a threshold makes them one
+        # WAL entry in `_ready`; the WAL loop appends ready entries in order, the oldest outside the
+        # lock (`_appending`), so puts never wait for storage.
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_bytes = 0
         self._pending_since = 0.0
+        self._ready: deque[list[pa.RecordBatch]] = deque()
+        self._appending = False
         self._error: MemWalError | None = None  # a fatal error (fencing): every later call raises it
         self._flush_error: BaseException | None = None  # the last failed generation write (retried)
         self._closed = False
@@ -274,6 +280,7 @@ class RegionWriter:
                 "sealed_memtables": len(self._sealed),
                 "unflushed_bytes": self._unflushed_bytes(),
                 "next_wal_position": self._next_position,
+                "buffered_batches": len(self._pending) + sum(len(e) for e in self._ready),
             }
 
     # ------------------------------------------------------------------ write path
@@ -305,19 +312,23 @@ class RegionWriter:
             else:
                 if not self._pending:
                     self._pending_since = time.monotonic()
-                    self._cond.notify_all()  # wakes the WAL loop's timer
                 self._pending.append(batch)
+                self._pending_bytes += batch.nbytes
+                if self._wal_buffer_full():
+                    self._close_entry()
+                if len(self._pending) <= 1:
+                    self._cond.notify_all()  # the WAL loop starts its timer, or appends
             self._active.append(batch)
             if self.config.durable_write:
                 self._active.last_wal_position = self._next_position - 1
             self._stats["rows"] += batch.num_rows
-            if not self.config.durable_write and self._wal_buffer_full():
-                self._flush_pending()
             if self._memtable_full():
                 self._seal()
 
     def _append_wal(self, batches: list[pa.RecordBatch]) -> None:
-        """Publish one WAL entry at the next position (caller holds the lock)."""
+        """Publish one WAL entry at the next position. The caller holds the lock (durable mode) or
+        the append turn (non-durable mode: `batches` is the oldest ready entry, trimmed of what an
+        adopted entry already holds)."""
         while True:
             data = encode_entry(batches, self.epoch, self._active.generation)
             position = self._next_position
@@ -330,8 +341,10 @@ class RegionWriter:
             # Our own earlier append, which raised (a failed fsync, a lost answer) but landed: it is
             # durable and every replay includes it, so this writer's MemTable includes it too.
             self._adopt(other)
-            if not batches:  # non-durable: the adopted entry held every pending batch
-                return
+            if not self.config.durable_write:  # the adopted entry holds the first batches of this one
+                del batches[: len(other.batches)]
+                if not batches:
+                    return
         self._next_position = position + 1
         self._stats["wal_entries"] += 1
         self._stats["wal_bytes"] += len(data)
@@ -340,21 +353,39 @@ class RegionWriter:
         if self.config.durable_write:  # the write that failed never reached the MemTable
             for batch in entry.batches:
                 self._active.append(self._conform_replayed(batch, entry.position))
-        else:  # the failed WAL flush kept its batches pending; they are in the MemTable already
-            del self._pending[: len(entry.batches)]
         self._active.last_wal_position = entry.position
         self._next_position = entry.position + 1
 
-    def _flush_pending(self) -> None:
+    def _close_entry(self) -> None:
+        """Make the pending batches one ready WAL entry (caller holds the lock)."""
         if self._pending:
-            self._append_wal(self._pending)
+            self._ready.append(self._pending)
             self._pending = []
+            self._pending_bytes = 0
+
+    def _append_ready(self) -> None:
+        """Append the oldest ready entry; the caller has the append turn (holds the lock, or set
+        `_appending`). It stays ready until it is stored (a failed append is retried as it was)."""
+        entry = self._ready[0]
+        self._append_wal(entry)
+        with self._cond:
+            if self._ready and self._ready[0] is entry:  # (a fence may have dropped every entry)
+                self._ready.popleft()
             self._active.last_wal_position = self._next_position - 1
+            self._cond.notify_all()
+
+    def _flush_pending(self) -> None:
+        """Append every accepted batch to the WAL now (caller holds the lock)."""
+        while self._appending:  # the WAL loop's entry is part of the active MemTable: let it land
+            self._cond.wait()
+        self._close_entry()
+        while self._ready:
+            self._append_ready()
 
     def _wal_buffer_full(self) -> bool:
         return (
             len(self._pending) >= self.config.max_wal_buffer_batches
-            or sum(b.nbytes for b in self._pending) >= self.config.max_wal_buffer_size
+            or self._pending_bytes >= self.config.max_wal_buffer_size
         )
 
     def _memtable_full(self) -> bool:
@@ -437,25 +468,38 @@ class RegionWriter:
             self._cond.notify_all()
 
     def _wal_loop(self) -> None:
+        """Non-durable mode: append the pending batches as one entry when the buffer is full or the
+        oldest is `max_wal_flush_interval_ms` old. The append runs without the lock: puts go on, and
+        `_flush_pending` (seal, flush) waits for it."""
         interval = self.config.max_wal_flush_interval_ms / 1000
         while True:
             with self._cond:
                 if self._closed or self._error is not None:
                     return
-                if not self._pending:
-                    self._cond.wait()  # _write notifies when the first pending batch arrives
-                    continue
-                left = self._pending_since + interval - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                try:
-                    self._flush_pending()
-                except WriterFencedError:
-                    return
-                except MemWalError as e:
-                    log.warning("WAL flush of region %s failed: %s", self.region_id, e)
-                    self._cond.wait(interval)
+                if not self._ready:
+                    if not self._pending:
+                        self._cond.wait()  # _write notifies when the first pending batch arrives
+                        continue
+                    left = self._pending_since + interval - time.monotonic()
+                    if left > 0:
+                        self._cond.wait(left)
+                        continue
+                    self._close_entry()
+                self._appending = True
+            failed = False
+            try:
+                self._append_ready()
+            except WriterFencedError:
+                return
+            except MemWalError as e:
+                log.warning("WAL flush of region %s failed: %s", self.region_id, e)
+                failed = True
+            finally:
+                with self._cond:
+                    self._appending = False
+                    self._cond.notify_all()
+                    if failed and self._error is None:
+                        self._cond.wait(interval)
 
     # ------------------------------------------------------------------ manifest commits and fencing
 
@@ -480,7 +524,8 @@ class RegionWriter:
 
     def _fence(self, reason: str) -> WriterFencedError:
         with self._cond:
-            lost, self._pending = self._pending, []
+            lost = [b for entry in self._ready for b in entry] + self._pending
+            self._ready, self._pending = deque(), []
             not_durable = pa.Table.from_batches(lost, schema=self.ctx.schema.wal) if lost else None
             err = WriterFencedError(
                 f"writer of region {self.region_id} (epoch {self.epoch}) is fenced: {reason}", not_durable

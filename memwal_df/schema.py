@@ -186,5 +186,5 @@ def keys_table(ts: TableSchema, keys: Any) -> pa.Table:
 def with_tombstone(ts: TableSchema, table: pa.Table, deleted: bool) -> pa.RecordBatch:
     """A table already conformed to `ts.schema` as one WAL-schema batch with `_tombstone` = `deleted`."""
     flag = pa.array(np.full(table.num_rows, deleted), pa.bool_())
-    columns = [c.combine_chunks() for c in table.columns] + [flag]
+    columns = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in table.columns] + [flag]
     return pa.RecordBatch.from_arrays(columns, schema=ts.wal)

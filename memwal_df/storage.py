@@ -10,7 +10,9 @@ Two backends:
 * `LocalStorage` for plain paths and `file://` URIs, implemented directly with `os` calls (durability
   and latency matter on the WAL path). Publishing is temp file + fsync + no-clobber hard link (or
   `os.replace` for overwrites) + fsync of the directory, the protocol Lance uses for local shard
-  manifests (`{name}.tmp.{uuid}` then rename-if-not-exists).
+  manifests (`{name}.tmp.{uuid}` then rename-if-not-exists). On Linux a new object is written to an
+  unnamed `O_TMPFILE` instead, then linked into place: no temp name is created, removed, or left
+  behind by a crash, and the directory fsync has one entry less to journal.
 * `ObjectStorage` for S3 and anything else obstore supports (`gs://`, `az://`, `memory://` …).
   `put_if_not_exists` is a conditional PUT (`If-None-Match: *`, obstore `mode="create"`).
 
@@ -44,6 +46,9 @@ from obstore.exceptions import AlreadyExistsError, PreconditionError, UnknownCon
 from obstore.store import MemoryStore, from_url
 
 from memwal_df.errors import NotFoundError, StorageError
+
+# What a write takes: bytes, or a zero-copy view (an encoded WAL entry is a view of an Arrow buffer).
+Blob = bytes | memoryview
 
 __all__ = ["Storage", "LocalStorage", "ObjectStorage", "open_storage", "obstore_options"]
 
@@ -102,12 +107,12 @@ class Storage(ABC):
         self.storage_options = dict(storage_options or {})
 
     @abstractmethod
-    def put_if_not_exists(self, path: str, data: bytes) -> bool:
+    def put_if_not_exists(self, path: str, data: Blob) -> bool:
         """Write `path` only if no object exists there. True if written; False if one already existed.
 
         Atomic: a reader sees either no object or the whole of `data`. Durable when it returns."""
 
-    def create(self, path: str, data: bytes) -> str:
+    def create(self, path: str, data: Blob) -> str:
         """`put_if_not_exists` with how it went: `CREATED` (this call wrote `data`), `EXISTED` (another
         object was there), or `LANDED`: the store gave no clear answer (a retried or timed-out request)
         but `path` now holds exactly `data`, written by this call *or by someone who wrote the same
@@ -115,7 +120,7 @@ class Storage(ABC):
         return CREATED if self.put_if_not_exists(path, data) else EXISTED
 
     @abstractmethod
-    def put(self, path: str, data: bytes) -> None:
+    def put(self, path: str, data: Blob) -> None:
         """Create or overwrite `path` atomically (readers see the old or the new object, whole)."""
 
     @abstractmethod
@@ -165,6 +170,11 @@ class Storage(ABC):
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 _O_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+_O_UNNAMED_FLAGS = os.O_WRONLY | _O_TMPFILE | _O_CLOEXEC
+# O_TMPFILE needs Linux, a file system that has it, and /proc to link the file by its descriptor.
+_unnamed_files = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
+_UNSUPPORTED = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOSYS)
 # fdatasync makes the data and the size durable (all a new file needs); fsync where it is missing.
 _datasync = getattr(os, "fdatasync", os.fsync)
 
@@ -177,7 +187,7 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: Blob) -> None:
     n = os.write(fd, data)
     if n != len(data):  # short write: only for huge buffers or odd file systems
         view = memoryview(data)
@@ -185,9 +195,14 @@ def _write_all(fd: int, data: bytes) -> None:
             n += os.write(fd, view[n:])
 
 
-def _unlink_quiet(path: str) -> None:
+def _as_bytes(data: Blob) -> bytes:
+    """obstore takes bytes only."""
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def _unlink_quiet(path: str, dir_fd: int | None = None) -> None:
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
     except OSError:
         pass
 
@@ -235,17 +250,18 @@ class LocalStorage(Storage):
                 continue
             _fsync_dir(os.path.dirname(d))
 
-    def _open_temp(self, full: str) -> tuple[int, str]:
-        tmp = f"{full}.tmp.{uuid.uuid4()}"
+    def _open_dir(self, directory: str) -> int:
         try:
-            return os.open(tmp, _O_TMP_FLAGS, 0o644), tmp
+            return os.open(directory, _O_DIR_FLAGS)
         except FileNotFoundError:  # first object in this directory
-            self._makedirs(os.path.dirname(full))
-            return os.open(tmp, _O_TMP_FLAGS, 0o644), tmp
+            self._makedirs(directory)
+            return os.open(directory, _O_DIR_FLAGS)
 
-    def _write_temp(self, full: str, data: bytes) -> str:
-        """Write `data` to a new durable temp file next to `full`; returns its path."""
-        fd, tmp = self._open_temp(full)
+    @staticmethod
+    def _write_temp(dfd: int, name: str, data: Blob) -> str:
+        """Write `data` to a new durable temp file next to `name` (in directory `dfd`); its name."""
+        tmp = f"{name}.tmp.{uuid.uuid4()}"
+        fd = os.open(tmp, _O_TMP_FLAGS, 0o644, dir_fd=dfd)
         try:
             try:
                 _write_all(fd, data)
@@ -253,45 +269,76 @@ class LocalStorage(Storage):
             finally:
                 os.close(fd)
         except BaseException:
-            _unlink_quiet(tmp)
+            _unlink_quiet(tmp, dfd)
             raise
         return tmp
 
+    @classmethod
+    def _link_new(cls, dfd: int, name: str, data: Blob) -> bool:
+        """Publish `data` as `name` unless it exists (atomic, durable content, name not yet synced)."""
+        global _unnamed_files
+        if _unnamed_files:
+            try:
+                fd = os.open(".", _O_UNNAMED_FLAGS, 0o644, dir_fd=dfd)
+            except OSError as e:
+                if e.errno not in _UNSUPPORTED:
+                    raise
+                _unnamed_files = False  # this file system has no O_TMPFILE: named temp files
+            else:
+                try:
+                    _write_all(fd, data)
+                    _datasync(fd)
+                    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd)  # linkat(AT_SYMLINK_FOLLOW)
+                    return True
+                except FileExistsError:
+                    return False
+                finally:
+                    os.close(fd)
+        tmp = cls._write_temp(dfd, name, data)
+        try:
+            os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # never replaces an existing entry
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            _unlink_quiet(tmp, dfd)
+
     # -- writes --------------------------------------------------------------------------------
 
-    def put_if_not_exists(self, path: str, data: bytes) -> bool:
+    def put_if_not_exists(self, path: str, data: Blob) -> bool:
         full = self._full(path)
+        directory, name = os.path.split(full)
         try:
-            tmp = self._write_temp(full, data)
+            dfd = self._open_dir(directory)
             try:
-                os.link(tmp, full)  # atomic, never replaces an existing entry
-                created = True
-            except FileExistsError:
-                created = False
-            except BaseException:
-                _unlink_quiet(tmp)
-                raise
-            _unlink_quiet(tmp)
-            if not created and os.path.isdir(full):
-                raise StorageError(f"put_if_not_exists {path!r} in {self.uri}: a directory exists there")
-            # Make the new name durable (and, on a lost race, the winner's name before we act on it).
-            _fsync_dir(os.path.dirname(full))
+                created = self._link_new(dfd, name, data)
+                if not created and os.path.isdir(full):
+                    raise StorageError(f"put_if_not_exists {path!r} in {self.uri}: a directory exists there")
+                # Make the new name durable (and, on a lost race, the winner's name before we act on it).
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
         except OSError as e:
             if isinstance(e, StorageError):
                 raise
             raise self._error("put_if_not_exists", path, e) from e
         return created
 
-    def put(self, path: str, data: bytes) -> None:
+    def put(self, path: str, data: Blob) -> None:
         full = self._full(path)
+        directory, name = os.path.split(full)
         try:
-            tmp = self._write_temp(full, data)
+            dfd = self._open_dir(directory)
             try:
-                os.replace(tmp, full)
-            except BaseException:
-                _unlink_quiet(tmp)
-                raise
-            _fsync_dir(os.path.dirname(full))
+                tmp = self._write_temp(dfd, name, data)
+                try:
+                    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                except BaseException:
+                    _unlink_quiet(tmp, dfd)
+                    raise
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
         except OSError as e:
             raise self._error("put", path, e) from e
 
@@ -567,11 +614,12 @@ class ObjectStorage(Storage):
         cls = NotFoundError if op == "get" and isinstance(exc, FileNotFoundError) else StorageError
         return cls(f"{op} {path!r} in {self.uri}: {_first_line(exc)}")
 
-    def put_if_not_exists(self, path: str, data: bytes) -> bool:
+    def put_if_not_exists(self, path: str, data: Blob) -> bool:
         return self.create(path, data) != EXISTED
 
-    def create(self, path: str, data: bytes) -> str:
+    def create(self, path: str, data: Blob) -> str:
         key = self._key(path)
+        data = _as_bytes(data)
         for attempt in range(4):
             try:
                 obs.put(self.store, key, data, mode="create", use_multipart=False)
@@ -603,10 +651,10 @@ class ObjectStorage(Storage):
         except Exception:
             return None
 
-    def put(self, path: str, data: bytes) -> None:
+    def put(self, path: str, data: Blob) -> None:
         key = self._key(path)
         try:
-            obs.put(self.store, key, data, use_multipart=False)
+            obs.put(self.store, key, _as_bytes(data), use_multipart=False)
         except Exception as e:
             raise self._error("put", path, e) from e
 

@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 
 from memwal_df import layout
 from memwal_df.errors import CorruptWalEntryError, NotFoundError
-from memwal_df.storage import Storage
+from memwal_df.storage import Blob, Storage
 
 TOMBSTONE = "_tombstone"
 GENERATION_KEY = b"generation"
@@ -61,8 +61,9 @@ def wal_schema(table_schema: pa.Schema, field_ids: dict[str, int]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def encode_entry(batches: Sequence[pa.RecordBatch], writer_epoch: int, generation: int) -> bytes:
-    """Serialize data batches (already in WAL schema) as one WAL entry."""
+def encode_entry(batches: Sequence[pa.RecordBatch], writer_epoch: int, generation: int) -> memoryview:
+    """Serialize data batches (already in WAL schema) as one WAL entry: a view of the Arrow buffer
+    (copying it into `bytes` would cost more than encoding it)."""
     if not batches:
         raise ValueError("a data WAL entry needs at least one batch")
     schema = batches[0].schema.with_metadata(
@@ -72,7 +73,7 @@ def encode_entry(batches: Sequence[pa.RecordBatch], writer_epoch: int, generatio
     with ipc.new_stream(sink, schema) as w:
         for b in batches:
             w.write_batch(b)
-    return sink.getvalue().to_pybytes()
+    return memoryview(sink.getvalue()).cast("B")
 
 
 def encode_fence_sentinel(writer_epoch: int) -> bytes:
@@ -112,8 +113,9 @@ def _stream_end(data: bytes) -> int:
     return end
 
 
-def decode_entry(data: bytes, position: int, path: str) -> WalEntry:
+def decode_entry(data: Blob, position: int, path: str) -> WalEntry:
     """Decode one WAL entry; any malformation raises CorruptWalEntryError naming `path`."""
+    data = data if isinstance(data, bytes) else bytes(data)
 
     def corrupt(why: str) -> CorruptWalEntryError:
         return CorruptWalEntryError(f"WAL entry {position} {why}", path)
@@ -168,7 +170,7 @@ class Wal:
     def path(self, position: int) -> str:
         return layout.wal_path(self.region_id, position)
 
-    def append(self, position: int, data: bytes) -> bool:
+    def append(self, position: int, data: Blob) -> bool:
         """Publish an encoded entry at `position`; False when that position is already taken."""
         if position < 1:
             raise ValueError(f"WAL positions start at 1, got {position}")

@@ -75,9 +75,15 @@ class TableWriter:
         self._run([(w.flush, ()) for w in self.writers.values()])
 
     def _write_parts(self, parts: list[tuple[tuple[Any, ...], pa.Table]], deleted: bool) -> None:
-        """Hand each region its rows; regions write (and fsync) concurrently."""
+        """Hand each region its rows. Durable regions write (and fsync) concurrently; non-durable
+        writes only buffer, which is faster in this thread than handed to others."""
         writers = [self._writer(values) for values, _ in parts]
-        self._run([(w._put_routed, (rows, deleted)) for w, (_, rows) in zip(writers, parts, strict=True)])
+        calls = [(w._put_routed, (rows, deleted)) for w, (_, rows) in zip(writers, parts, strict=True)]
+        if self.config.durable_write:
+            self._run(calls)
+        else:
+            for fn, args in calls:
+                fn(*args)
 
     def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
         """Run the calls (one per region) concurrently; raise the first error after all finished."""

@@ -6,8 +6,9 @@ one call, tombstones included) and how many of them are durable (in the WAL). Du
 exactly, from the writer settings rather than from the writer's internals:
 
 * durable writer: an op is durable when its call returns;
-* non-durable writer (time-based WAL flushes disabled): an op is buffered; the buffer goes to the WAL
-  when it holds `max_wal_buffer_batches` batches, when the MemTable fills up (`max_memtable_rows`,
+* non-durable writer (time-based WAL flushes disabled): an op is buffered; the buffer becomes one WAL
+  entry when it holds `max_wal_buffer_batches` batches (the writer's WAL thread appends it in the
+  background: the machine waits for that before it checks), when the MemTable fills up (`max_memtable_rows`,
   `max_memtable_batches`: the MemTable is sealed, its buffered writes flushed first) and on `flush()`;
 * a crash (`abort()`) loses exactly the buffered ops; recovery must bring back exactly the rest.
 
@@ -189,7 +190,11 @@ class WriterMachine(RuleBasedStateMachine):
         assert self.writer is not None
         for rid, rw in self.writer.writers.items():
             rm = self.regions[rid]
-            s = rw.stats()
+            deadline = time.monotonic() + 60
+            while (s := rw.stats())["buffered_batches"] > rm.pending:  # background WAL appends
+                assert time.monotonic() < deadline, ("WAL entries were not appended", rid, s, rm)
+                time.sleep(0.002)
+            assert s["buffered_batches"] == rm.pending, (rid, s, rm)
             assert s["wal_entries"] == rm.wal_entries, (rid, s, rm)
             assert s["memtable_rows"] == rm.active_rows, (rid, s, rm)
         claimed = {rid for rid, rm in self.regions.items() if rm.claimed}

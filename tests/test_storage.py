@@ -311,13 +311,14 @@ def test_reader_never_sees_a_partial_object(st):
 def test_local_publish_protocol_fsyncs_data_then_directory(tmp_path, monkeypatch):
     st = open_storage(str(tmp_path / "t"))
     calls: list[str] = []
-    real_datasync, real_fsync_dir = storage_mod._datasync, storage_mod._fsync_dir
+    real_datasync, real_fsync = storage_mod._datasync, os.fsync
+
+    def fsync(fd: int) -> None:  # directories are fsync'd; record which one
+        calls.append(os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path))
+        real_fsync(fd)
+
     monkeypatch.setattr(storage_mod, "_datasync", lambda fd: (calls.append("data"), real_datasync(fd))[1])
-    monkeypatch.setattr(
-        storage_mod,
-        "_fsync_dir",
-        lambda d: (calls.append(os.path.relpath(d, tmp_path)), real_fsync_dir(d))[1],
-    )
+    monkeypatch.setattr(os, "fsync", fsync)
     assert st.put_if_not_exists("_mem_wal/r/wal/1.arrow", b"x")
     # new directories are made durable in their parents, then the data, then the new entry
     assert calls == [".", "t", "t/_mem_wal", "t/_mem_wal/r", "data", "t/_mem_wal/r/wal"]

@@ -56,6 +56,11 @@ FIELD_IDS = lance_field_ids(SCHEMA)
 WAL_SCHEMA = wal_schema(SCHEMA, FIELD_IDS)
 
 
+def entry_bytes(batches: list[pa.RecordBatch], writer_epoch: int, generation: int) -> bytes:
+    """An encoded entry as bytes (encode_entry returns a view of an Arrow buffer)."""
+    return encode_entry(batches, writer_epoch, generation).tobytes()
+
+
 def rows(ids: list[int]) -> pa.Table:
     """Rows of SCHEMA with some NULLs."""
     t0 = datetime.datetime(2024, 1, 1)
@@ -136,7 +141,7 @@ def test_wal_schema() -> None:
 
 def test_encode_decode_round_trip_multi_batch() -> None:
     batches = [wal_batch(rows([1, 2, 3])), tombstones([2]), wal_batch(rows(list(range(10, 60))))]
-    data = encode_entry(batches, writer_epoch=7, generation=3)
+    data = entry_bytes(batches, writer_epoch=7, generation=3)
     assert data[:4] == b"\xff\xff\xff\xff" and data.endswith(EOS) and b"ARROW1" not in data  # IPC stream
     assert raw_schema(data).metadata == {b"generation": b"3", b"writer_epoch": b"7"}  # decimal strings
     entry = decode_entry(data, 12, "some/path.arrow")
@@ -152,7 +157,7 @@ def test_encode_decode_round_trip_multi_batch() -> None:
 def test_encode_large_numbers_and_empty_batches() -> None:
     u64 = 2**64 - 1
     batches = [wal_batch(rows([])), wal_batch(rows([5]))]
-    entry = decode_entry(encode_entry(batches, writer_epoch=u64, generation=u64), 1, "p")
+    entry = decode_entry(entry_bytes(batches, writer_epoch=u64, generation=u64), 1, "p")
     assert entry.writer_epoch == u64 and entry.generation == u64
     assert_same_batches(entry.batches, batches)
     with pytest.raises(ValueError):
@@ -186,7 +191,7 @@ def test_round_trip_property(batches_rows: list, epoch: int, generation: int) ->
         )
         for b in batches_rows
     ]
-    entry = decode_entry(encode_entry(batches, epoch, generation), 1, "p")
+    entry = decode_entry(entry_bytes(batches, epoch, generation), 1, "p")
     assert (entry.writer_epoch, entry.generation) == (epoch, generation)
     assert_same_batches(entry.batches, batches)
 
@@ -266,7 +271,7 @@ def test_decode_native_entries(table_uri: str, table_storage_options: dict[str, 
         assert nf.type == f.type and nf.nullable == f.nullable and nf.metadata == f.metadata, f.name
 
     # our encoding of the same entry decodes to the same thing
-    again = decode_entry(encode_entry(list(first.batches), 1, 1), first.position, "p")
+    again = decode_entry(entry_bytes(list(first.batches), 1, 1), first.position, "p")
     assert again == WalEntry(first.position, 1, 1, again.batches, False)
     assert_same_batches(again.batches, list(first.batches))
 
@@ -290,8 +295,8 @@ def test_native_writer_replays_our_entries(
     shard = uuid.uuid4()
     assert RegionManifestStore(storage, shard).commit(new_manifest(shard, 0, {}))
     wal = Wal(storage, shard)
-    assert wal.append(1, encode_entry([wal_batch(rows([1, 2, 3])), tombstones([2])], 1, 1))
-    assert wal.append(2, encode_entry([wal_batch(rows([4]))], 1, 1))
+    assert wal.append(1, entry_bytes([wal_batch(rows([1, 2, 3])), tombstones([2])], 1, 1))
+    assert wal.append(2, entry_bytes([wal_batch(rows([4]))], 1, 1))
     ds.mem_wal_writer(str(shard)).close()  # claims epoch 2, replays 1..2, flushes on close
     m = RegionManifestStore(storage, shard).latest()
     assert m.writer_epoch == 2 and len(m.sstables) == 1 and m.replay_after_wal_entry_position >= 2
@@ -312,7 +317,7 @@ def small_entry() -> bytes:
     batch = pa.RecordBatch.from_arrays(
         [pa.array([1, 2]), pa.array(["a", None]), pa.array([False, True])], schema=ws
     )
-    return encode_entry([batch], 1, 1)
+    return entry_bytes([batch], 1, 1)
 
 
 def tombstone_heavy_entry() -> bytes:
@@ -326,7 +331,7 @@ def tombstone_heavy_entry() -> bytes:
     live = pa.RecordBatch.from_arrays(
         [pa.array([100], pa.int64()), pa.array([1.0]), pa.array([False])], schema=ws
     )
-    return encode_entry([dead, live], 1, 1)
+    return entry_bytes([dead, live], 1, 1)
 
 
 @pytest.mark.parametrize("make", [small_entry, tombstone_heavy_entry, lambda: encode_fence_sentinel(3)])
@@ -477,7 +482,7 @@ def test_append_read_round_trip(storage: Storage) -> None:
     wal = Wal(storage, region)
     assert wal.read(1) is None and not wal.exists(1) and list(wal.scan(1)) == []
     batches = [wal_batch(rows([1, 2])), tombstones([1])]
-    data = encode_entry(batches, 3, 2)
+    data = entry_bytes(batches, 3, 2)
     assert wal.append(1, data)
     assert storage.get(layout.wal_path(region, 1)) == data
     entry = wal.read(1)
@@ -488,9 +493,9 @@ def test_append_read_round_trip(storage: Storage) -> None:
 
 def test_append_refuses_a_taken_position(storage: Storage) -> None:
     wal = Wal(storage, uuid.uuid4())
-    first = encode_entry([wal_batch(rows([1]))], 1, 1)
+    first = entry_bytes([wal_batch(rows([1]))], 1, 1)
     assert wal.append(1, first)
-    assert not wal.append(1, encode_entry([wal_batch(rows([2]))], 2, 1))
+    assert not wal.append(1, entry_bytes([wal_batch(rows([2]))], 2, 1))
     assert not wal.append(1, encode_fence_sentinel(2))
     assert storage.get(wal.path(1)) == first
     assert wal.read(1).batches[0]["id"].to_pylist() == [1]
@@ -502,7 +507,7 @@ def test_append_refuses_a_taken_position(storage: Storage) -> None:
 def test_append_race_has_one_winner(table_uri: str, table_storage_options: dict[str, str] | None) -> None:
     region = uuid.uuid4()
     n = 6
-    entries = [encode_entry([wal_batch(rows([i]))], i + 1, 1) for i in range(n)]
+    entries = [entry_bytes([wal_batch(rows([i]))], i + 1, 1) for i in range(n)]
     barrier = threading.Barrier(n)
     results: dict[int, bool] = {}
 
@@ -537,7 +542,7 @@ def test_scan_stops_at_first_gap_and_has_data_after(storage: Storage) -> None:
     wal = Wal(storage, uuid.uuid4())
     assert not wal.has_data_after(0)
     assert wal.last_position(1) == 0
-    data = {p: encode_entry([wal_batch(rows([p]))], 1, 1) for p in (1, 3, 6)}
+    data = {p: entry_bytes([wal_batch(rows([p]))], 1, 1) for p in (1, 3, 6)}
     data[2] = encode_fence_sentinel(2)
     data[4] = encode_fence_sentinel(3)
     for p, d in data.items():
