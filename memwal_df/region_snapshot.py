@@ -139,7 +139,8 @@ def from_table(rows: pa.Table, specs: dict[int, RegionSpec]) -> list[pb.ShardMan
             m.sstables.add(generation=g["generation"], path=g["path"])
         spec = specs.get(m.shard_spec_id)
         for f in spec.fields if spec is not None else ():
-            value = cols.get(FIELD_PREFIX + f.field_id, [None] * rows.num_rows)[i]
+            column = cols.get(FIELD_PREFIX + f.field_id)
+            value = None if column is None else column[i]
             if value is not None:
                 encoded = encode_region_value(value, result_arrow_type(f.result_type))
                 m.shard_field_entries.add(field_id=f.field_id, value=encoded)

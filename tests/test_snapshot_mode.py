@@ -345,7 +345,15 @@ def test_builds_racing_merges_never_lose_merge_progress(tmp_path, inline_thresho
             merger_table = mw.open_table(table.uri)
             for region_id in merger_table.region_ids():
                 for gen in range(1, 5):
-                    merge_region(merger_table, region_id, up_to=gen)
+                    while True:
+                        try:
+                            merge_region(merger_table, region_id, up_to=gen)
+                            break
+                        except OSError as e:
+                            # Planned from the one version with older progress (see below): Lance
+                            # refuses the marker; a merger reloads and continues (spec appendix 2).
+                            if "Stale SSTable compaction" not in str(e):
+                                raise
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
         finally:
