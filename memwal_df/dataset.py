@@ -25,7 +25,7 @@ from memwal_df.exec.lookup_plan import plan_point_lookup
 from memwal_df.exec.union import UnionExec
 from memwal_df.planner import Partition, plan_scan
 from memwal_df.predicate import column_predicates, key_lookups, referenced_columns
-from memwal_df.snapshot import take_snapshot
+from memwal_df.snapshot import check_consistency, take_snapshot
 from memwal_df.table import Table, open_table
 
 if TYPE_CHECKING:
@@ -78,8 +78,11 @@ class MemWalTable(pds.Dataset):
 
     `consistency="latest"` (the default) reads the base table's latest version and every region's
     latest manifest at planning time, so every generation flushed before the query is visible.
-    With `writer=` (a table or region writer of this process) the writer's unflushed MemTables are
-    read too: a query then sees every write that writer has acknowledged."""
+    `consistency="snapshot"` takes the region states from the MemWAL index's region snapshot of that
+    base version instead (one read, no manifest read): what the last `build_index` saw, minus what is
+    merged since (see docs/reading.md "Consistency modes"). Any other mode raises
+    `InvalidConfigError`. With `writer=` (a table or region writer of this process) the writer's
+    unflushed MemTables are read too: a query then sees every write that writer has acknowledged."""
 
     def __init__(
         self,
@@ -90,7 +93,7 @@ class MemWalTable(pds.Dataset):
     ) -> None:
         # pds.Dataset.__init__ is not called: this object has no C++ dataset behind it.
         self.table = uri if isinstance(uri, Table) else open_table(uri, storage_options)
-        self.consistency = consistency
+        self.consistency = check_consistency(consistency)
         self.writer = writer
         self._schema = self.table.schema.schema
 

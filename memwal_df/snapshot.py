@@ -8,8 +8,13 @@ Within a region, levels are ordered newest first; rows of different regions neve
 Consistency modes:
 - `latest`: the base table's latest version, then each region's latest manifest. Every generation
   flushed before planning is visible.
+- `snapshot`: the base table's latest version, then the region states of that version's MemWAL
+  index snapshot (one read: inline, or one file), with no region manifest read. Generations flushed
+  and regions created after the last `build_index` are not visible. Without a snapshot (never built,
+  or its external file is gone) the query reads region manifests as `latest` does.
 - with `writer=`: additionally the writer's unflushed MemTables, copied at planning time (strong
-  consistency for the regions that writer owns).
+  consistency for the regions that writer owns; in `snapshot` mode the writer's own manifest, if
+  newer than the snapshot's row, gives those regions' flushed generations).
 
 Guarantees: a generation that was garbage-collected is skipped (its rows are in the base table), never
 an error; each level holds at most one row per key (generations are written newest-per-key, Lance
@@ -30,12 +35,12 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df import layout, memwal_index
+from memwal_df import layout, memwal_index, region_snapshot
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.bloom import BloomFilter
-from memwal_df.errors import MissingGenerationError, NotFoundError
+from memwal_df.errors import InvalidConfigError, MissingGenerationError, NotFoundError
 from memwal_df.exec.keyset import key_array
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.manifest import RegionManifestStore, region_id_of
 from memwal_df.predicate import referenced_columns, split_for_lance
 from memwal_df.schema import TableSchema
 from memwal_df.storage import LocalStorage, Storage
@@ -45,7 +50,8 @@ if TYPE_CHECKING:
     from memwal_df.table import Table
     from memwal_df.writer import TableWriter
 
-Consistency = Literal["latest"]
+Consistency = Literal["latest", "snapshot"]
+CONSISTENCY_MODES: tuple[Consistency, ...] = ("latest", "snapshot")
 _PARALLEL_MANIFEST_READS = 16
 _MAX_PLANNING_ATTEMPTS = 5
 
@@ -227,11 +233,11 @@ class ReadSnapshot:
 def take_snapshot(
     table: Table, consistency: Consistency = "latest", writer: TableWriter | RegionWriter | None = None
 ) -> ReadSnapshot:
-    """Pin the base version, then read every region's latest manifest (and the writer's MemTables)."""
-    if consistency != "latest":
-        raise ValueError(f"unknown consistency mode {consistency!r} (only 'latest' exists so far)")
+    """Pin the base version, then take the region states (every region's latest manifest, or the
+    MemWAL index's region snapshot) and the writer's MemTables."""
+    check_consistency(consistency)
     for _ in range(_MAX_PLANNING_ATTEMPTS):
-        snapshot = _take(table, writer)
+        snapshot = _take(table, writer) if consistency == "latest" else _take_indexed(table, writer)
         # A merge committed while the manifests were read may already have been collected: its
         # generations would be missing from both the pinned base and the levels. Plan again.
         if memwal_index.latest_version(table.storage) == snapshot.base.version:
@@ -261,20 +267,61 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapsh
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
             continue
-        floor = merged.get(region_id, 0)
-        levels = [
-            Level("memtable", region_id, gen, storage, table=t)
-            for gen, t in reversed(memtables.get(region_id, []))
-        ]
-        flushed = sorted((s for s in m.sstables if s.generation > floor), key=lambda s: -s.generation)
-        levels += [
-            Level(
-                "generation", region_id, s.generation, storage, path=layout.generation_path(region_id, s.path)
-            )
-            for s in flushed
-        ]
-        regions.append(RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels))
+        regions.append(_region_levels(table, region_id, m, merged, memtables))
     return ReadSnapshot(table.schema, base, table.details, regions, "latest")
+
+
+def _take_indexed(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapshot:
+    """`snapshot` mode: region states from the pinned version's MemWAL index snapshot (no manifest
+    read; a region the writer writes uses the writer's manifest when it is newer). Without a
+    snapshot this is `_take` (and the result says `latest`)."""
+    table.refresh()
+    states = region_snapshot.load(table.storage, table.details, table.specs)
+    if states is None:
+        return _take(table, writer)
+    merged = memwal_index.merged_generations(table.details)
+    memtables = _writer_memtables(writer)  # before the writer's manifests, as in `_take`
+    newest = {region_id_of(m): m for m in states}
+    for m in _writer_manifests(writer):
+        region_id = region_id_of(m)
+        if region_id not in newest or m.version > newest[region_id].version:
+            newest[region_id] = m
+    regions = [_region_levels(table, r, newest[r], merged, memtables) for r in sorted(newest)]
+    return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot")
+
+
+def check_consistency(mode: str) -> Consistency:
+    """`mode` if it is a consistency mode, else `InvalidConfigError`."""
+    if mode not in CONSISTENCY_MODES:
+        raise InvalidConfigError(f"unknown consistency mode {mode!r}; expected one of {CONSISTENCY_MODES}")
+    return mode  # type: ignore[return-value]
+
+
+def _region_levels(
+    table: Table,
+    region_id: uuid.UUID,
+    m: pb.ShardManifest,
+    merged: dict[uuid.UUID, int],
+    memtables: dict[uuid.UUID, list[tuple[int, pa.Table]]],
+) -> RegionLevels:
+    """A region's levels, newest first: the writer's MemTables, then its unmerged generations."""
+    floor = merged.get(region_id, 0)
+    levels = [
+        Level("memtable", region_id, gen, table.storage, table=t)
+        for gen, t in reversed(memtables.get(region_id, []))
+    ]
+    flushed = sorted((s for s in m.sstables if s.generation > floor), key=lambda s: -s.generation)
+    levels += [
+        Level(
+            "generation",
+            region_id,
+            s.generation,
+            table.storage,
+            path=layout.generation_path(region_id, s.path),
+        )
+        for s in flushed
+    ]
+    return RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels)
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -290,12 +337,20 @@ def _manifest_pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+def _region_writers(writer: TableWriter | RegionWriter | None) -> list[RegionWriter]:
+    if writer is None:
+        return []
+    region_writers = getattr(writer, "writers", None)
+    return list(region_writers.values()) if region_writers is not None else [writer]  # type: ignore[list-item]
+
+
 def _writer_memtables(
     writer: TableWriter | RegionWriter | None,
 ) -> dict[uuid.UUID, list[tuple[int, pa.Table]]]:
     """(generation, newest rows) of each unflushed MemTable of the writer, per region, oldest first."""
-    if writer is None:
-        return {}
-    region_writers = getattr(writer, "writers", None)
-    writers = list(region_writers.values()) if region_writers is not None else [writer]
-    return {w.region_id: w.memtable_snapshot() for w in writers}
+    return {w.region_id: w.memtable_snapshot() for w in _region_writers(writer)}
+
+
+def _writer_manifests(writer: TableWriter | RegionWriter | None) -> list[pb.ShardManifest]:
+    """The latest manifest each of the writer's region writers committed or loaded."""
+    return [w.manifest for w in _region_writers(writer)]

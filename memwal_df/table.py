@@ -17,7 +17,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal_df import layout, memwal_index
+from memwal_df import index_builder, layout, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     NotFoundError,
@@ -160,6 +160,12 @@ class Table:
                 pass
             recovered.append(region_id)
         return recovered
+
+    def build_index(self) -> index_builder.BuildResult:
+        """Run the MemWAL index builder: snapshot every region's state into the MemWAL index (for
+        `MemWalTable(uri, consistency="snapshot")`) and advance stale WAL hints. See
+        `memwal_df.index_builder`."""
+        return index_builder.build_index(self)
 
     def region_status(self, region_id: uuid.UUID) -> RegionStatus | None:
         m = RegionManifestStore(self.storage, region_id).latest()
