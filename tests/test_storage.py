@@ -26,6 +26,17 @@ def st(table_uri: str, table_storage_options: dict[str, str] | None) -> Storage:
     return open_storage(table_uri, table_storage_options)
 
 
+@pytest.fixture(params=["unnamed", "named"])
+def publish(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Local publishing through an unnamed O_TMPFILE, or through a named temp file (the fallback for
+    file systems without O_TMPFILE)."""
+    if request.param == "named":
+        monkeypatch.setattr(storage_mod, "_unnamed_files", False)
+    elif not storage_mod._unnamed_files:
+        pytest.skip("this file system has no O_TMPFILE")
+    return request.param
+
+
 def _is_s3(st: Storage) -> bool:
     return st.uri.startswith("s3://")
 
@@ -83,7 +94,7 @@ def test_unsupported_uri_is_a_storage_error():
 # every method, both backends
 
 
-def test_put_get_head_exists(st):
+def test_put_get_head_exists(st, publish):
     data = bytes(range(256)) * 17
     assert st.put_if_not_exists("_mem_wal/r/wal/one.arrow", data) is True
     assert st.get("_mem_wal/r/wal/one.arrow") == data
@@ -204,7 +215,7 @@ def test_pickle_roundtrip(st):
 # races and atomicity
 
 
-def test_put_if_not_exists_race_8_threads(st):
+def test_put_if_not_exists_race_8_threads(st, publish):
     rounds = 15 if _is_s3(st) else 60
     for r in range(rounds):
         path = f"race/{r}/{uuid.uuid4().hex}"
@@ -263,7 +274,7 @@ def test_put_if_not_exists_race_2_processes_local(tmp_path):
     assert _temp_files(root) == []
 
 
-def test_reader_never_sees_a_partial_object(st):
+def test_reader_never_sees_a_partial_object(st, publish):
     size = (256 << 10) if _is_s3(st) else (4 << 20)
     writes = 20 if _is_s3(st) else 60
     payloads = [bytes([65 + i]) * size for i in range(3)]
@@ -308,7 +319,7 @@ def test_reader_never_sees_a_partial_object(st):
 # local specifics: durability protocol, temp files, error mapping
 
 
-def test_local_publish_protocol_fsyncs_data_then_directory(tmp_path, monkeypatch):
+def test_local_publish_protocol_fsyncs_data_then_directory(tmp_path, monkeypatch, publish):
     st = open_storage(str(tmp_path / "t"))
     calls: list[str] = []
     real_datasync, real_fsync = storage_mod._datasync, os.fsync
@@ -331,7 +342,7 @@ def test_local_publish_protocol_fsyncs_data_then_directory(tmp_path, monkeypatch
     assert sorted(os.listdir(tmp_path / "t/_mem_wal/r/wal")) == ["1.arrow", "2.arrow"]
 
 
-def test_local_no_temp_files_left_on_errors(tmp_path, monkeypatch):
+def test_local_no_temp_files_left_on_errors(tmp_path, monkeypatch, publish):
     st = open_storage(str(tmp_path / "t"))
     st.put("wal/keep", b"k")
 
