@@ -17,7 +17,7 @@ from merge_helper import flushed_generations, merged_generation
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import layout, merger
+from memwal_df import merger
 from memwal_df.errors import InvalidConfigError, MissingGenerationError
 
 
