@@ -19,7 +19,9 @@ Guarantees:
   is a completed merge. Pass 1 is never re-executed by Lance against a newer version (retries are
   off): a conflicting commit makes the merger re-read progress and start the generation over.
 - Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
-  commits); the generations of one region always merge one after the other.
+  commits); the generations of one region always merge one after the other. Off by default: on the
+  2-core bench machine parallel regions were 2-3x slower than serial (`bench/merge.py`), the
+  commits of concurrent regions conflict and Lance re-executes them.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def merge(
     table: Table,
     regions: Iterable[uuid.UUID | str] | None = None,
     max_generations: int | None = None,
-    parallel: bool = True,
+    parallel: bool = False,
 ) -> MergeResult:
     """Merge flushed generations into the base table (see the module docstring).
 

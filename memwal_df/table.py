@@ -174,7 +174,7 @@ class Table:
         self,
         regions: Iterable[uuid.UUID | str] | None = None,
         max_generations: int | None = None,
-        parallel: bool = True,
+        parallel: bool = False,
     ) -> merger.MergeResult:
         """Merge flushed generations into the base table, in order, per region; see `memwal_df.merger`."""
         return merger.merge(self, regions, max_generations, parallel)
