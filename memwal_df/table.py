@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal_df import index_builder, layout, memwal_index
+from memwal_df import gc as _gc
+from memwal_df import index_builder, layout, memwal_index, merger
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     NotFoundError,
@@ -166,6 +169,25 @@ class Table:
         `MemWalTable(uri, consistency="snapshot")`) and advance stale WAL hints. See
         `memwal_df.index_builder`."""
         return index_builder.build_index(self)
+
+    def merge(
+        self,
+        regions: Iterable[uuid.UUID | str] | None = None,
+        max_generations: int | None = None,
+        parallel: bool = False,
+    ) -> merger.MergeResult:
+        """Merge flushed generations into the base table, in order, per region; see `memwal_df.merger`."""
+        return merger.merge(self, regions, max_generations, parallel)
+
+    def gc(
+        self,
+        *,
+        grace: timedelta = _gc.DEFAULT_GRACE,
+        keep_manifest_versions: int = _gc.DEFAULT_KEEP_MANIFEST_VERSIONS,
+    ) -> _gc.GcResult:
+        """Remove merged generations, their WAL entries, orphaned generation directories and old
+        region manifest versions that no reader or writer can still need; see `memwal_df.gc`."""
+        return _gc.gc(self, grace=grace, keep_manifest_versions=keep_manifest_versions)
 
     def region_status(self, region_id: uuid.UUID) -> RegionStatus | None:
         m = RegionManifestStore(self.storage, region_id).latest()

@@ -1,0 +1,217 @@
+"""The merger (spec "MemTable merger" and appendix 2): flushed generations into the base table.
+
+`merge(table)` merges, per region, every flushed generation above the region's merged generation in
+ascending order. One generation is at most two Lance commits:
+
+1. its tombstones, as `merge_insert(pk).when_matched_delete()` with no conflict retries (Lance 14
+   cannot put a delete and an upsert into one commit, and the merge marker can be set only once);
+2. its live rows, as `merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()` with
+   `mark_sstables_as_compacted([(region, generation)])`: the data and the progress commit atomically.
+
+Guarantees:
+- Merge progress never goes backwards and no generation is merged twice: before each generation the
+  merger reads progress as the maximum over the newest `PROGRESS_LOOKBACK` base versions (a concurrent
+  index-builder commit can be rebased by Lance into a version showing older progress, see
+  `docs/spec-notes.md`), and Lance refuses a marker that is not above the recorded one ("Stale SSTable
+  compaction"), which the merger takes as "another merger got there first": it reloads and goes on.
+- A crash after pass 1 leaves the base without rows the unmerged generation deletes anyway (readers
+  see the same rows); the next merge repeats pass 1 (a no-op) and commits pass 2. A crash after pass 2
+  is a completed merge. Pass 1 is never re-executed by Lance against a newer version (retries are
+  off): a conflicting commit makes the merger re-read progress and start the generation over.
+- Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
+  commits); the generations of one region always merge one after the other. Off by default: on the
+  2-core bench machine parallel regions were 2-3x slower than serial (`bench/merge.py`), the
+  commits of concurrent regions conflict and Lance re-executes them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance.mem_wal import CompactedSsTable
+
+from memwal_df import layout, memwal_index
+from memwal_df.errors import (
+    CommitConflictError,
+    InvalidConfigError,
+    MissingGenerationError,
+    TableNotFoundError,
+)
+from memwal_df.manifest import RegionManifestStore
+from memwal_df.storage import Storage
+
+if TYPE_CHECKING:
+    from memwal_df.table import Table
+
+TOMBSTONE = "_tombstone"
+PROGRESS_LOOKBACK = 16  # base versions read for merge progress (a rebased builder commit can lower one)
+MAX_ATTEMPTS = 20  # tries per generation when pass 1 keeps losing races
+_STALE_MARKER = "Stale SSTable compaction"
+_LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
+_PARALLEL_REGIONS = 8
+
+
+@dataclass(frozen=True)
+class RegionMerge:
+    """What one `merge` did in one region."""
+
+    region_id: uuid.UUID
+    generations: tuple[int, ...]  # merged by this call, ascending
+    skipped: tuple[int, ...]  # found merged by another merger while this call worked on them
+    rows_upserted: int
+    rows_deleted: int  # tombstones applied (whether or not the base held the key)
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What one `merge` committed; `base_version` is the base table's latest version afterwards."""
+
+    regions: tuple[RegionMerge, ...]
+    base_version: int
+
+    @property
+    def generations(self) -> dict[uuid.UUID, tuple[int, ...]]:
+        """Region -> generations this call merged (regions with none are left out)."""
+        return {r.region_id: r.generations for r in self.regions if r.generations}
+
+    @property
+    def rows(self) -> int:
+        """Source rows merged (upserts + tombstones)."""
+        return sum(r.rows_upserted + r.rows_deleted for r in self.regions)
+
+
+def merge_progress(storage: Storage, lookback: int = PROGRESS_LOOKBACK) -> dict[uuid.UUID, int]:
+    """Region -> merged generation: the maximum over the newest `lookback` base versions."""
+    latest = memwal_index.latest_version(storage)
+    out: dict[uuid.UUID, int] = {}
+    for version in range(latest, max(0, latest - lookback), -1):
+        try:
+            found = memwal_index.read_details(storage.uri, storage.storage_options or None, version)
+        except TableNotFoundError:
+            break  # older versions were cleaned up
+        if found is None:
+            continue
+        for region, gen in memwal_index.merged_generations(found[0]).items():
+            out[region] = max(out.get(region, 0), gen)
+    return out
+
+
+def merge(
+    table: Table,
+    regions: Iterable[uuid.UUID | str] | None = None,
+    max_generations: int | None = None,
+    parallel: bool = False,
+) -> MergeResult:
+    """Merge flushed generations into the base table (see the module docstring).
+
+    `regions`: the regions to merge (default: all); `max_generations`: at most this many generations
+    per region, oldest first. Raises `InvalidConfigError` for a bad argument, `MissingGenerationError`
+    when an unmerged generation listed in a region manifest is gone, `CommitConflictError` when a
+    generation keeps losing commit races."""
+    if max_generations is not None and max_generations < 1:
+        raise InvalidConfigError(f"max_generations must be >= 1, got {max_generations}")
+    try:
+        ids = sorted({uuid.UUID(str(r)) for r in regions}) if regions is not None else table.region_ids()
+    except ValueError as e:
+        raise InvalidConfigError(f"not a region id: {e}") from e
+    merger = _Merger(table, max_generations)
+    if parallel and len(ids) > 1:
+        with ThreadPoolExecutor(min(len(ids), _PARALLEL_REGIONS), thread_name_prefix="memwal-merge") as pool:
+            done = tuple(pool.map(merger.region, ids))
+    else:
+        done = tuple(merger.region(r) for r in ids)
+    table.refresh()
+    return MergeResult(done, table.dataset.version)
+
+
+class _Merger:
+    def __init__(self, table: Table, max_generations: int | None) -> None:
+        self.storage = table.storage
+        self.uri = table.uri
+        self.options = table.storage_options or None
+        self.pk = list(table.schema.primary_key)
+        self.max_generations = max_generations
+
+    def region(self, region_id: uuid.UUID) -> RegionMerge:
+        manifest = RegionManifestStore(self.storage, region_id).latest()
+        listed = sorted((s.generation, s.path) for s in manifest.sstables) if manifest is not None else []
+        floor = merge_progress(self.storage).get(region_id, 0)
+        todo = [(g, p) for g, p in listed if g > floor][: self.max_generations]
+        merged, skipped, upserted, deleted = [], [], 0, 0
+        for gen, path in todo:
+            counts = self._generation(region_id, gen, layout.generation_path(region_id, path))
+            if counts is None:
+                skipped.append(gen)
+                continue
+            merged.append(gen)
+            upserted += counts[0]
+            deleted += counts[1]
+        return RegionMerge(region_id, tuple(merged), tuple(skipped), upserted, deleted)
+
+    def _merged(self, region_id: uuid.UUID, gen: int) -> bool:
+        return merge_progress(self.storage).get(region_id, 0) >= gen
+
+    def _generation(self, region_id: uuid.UUID, gen: int, path: str) -> tuple[int, int] | None:
+        """Merge one generation: (rows upserted, tombstones applied), or None if already merged."""
+        for _ in range(MAX_ATTEMPTS):
+            if self._merged(region_id, gen):
+                return None
+            try:
+                live, dead = self._read(path)
+            except MissingGenerationError:
+                if self._merged(region_id, gen):  # merged and garbage-collected meanwhile
+                    return None
+                raise
+            if dead.num_rows and not self._delete(dead):
+                continue  # lost a race: re-read progress
+            try:
+                (
+                    self._dataset()
+                    .merge_insert(self.pk)
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
+                    .execute(live)
+                )
+            except OSError as e:
+                if _STALE_MARKER in str(e):
+                    return None  # another merger recorded this generation (or a later one)
+                raise
+            return live.num_rows, dead.num_rows
+        raise CommitConflictError(
+            f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
+        )
+
+    def _dataset(self) -> lance.LanceDataset:
+        return lance.dataset(self.uri, storage_options=self.options)
+
+    def _read(self, path: str) -> tuple[pa.Table, pa.Table]:
+        """(live rows, tombstones) of a generation, cast to the base schema, without `_tombstone`."""
+        try:
+            rows = lance.dataset(self.storage.child_uri(path), storage_options=self.options).to_table()
+        except (ValueError, OSError) as e:
+            raise MissingGenerationError(f"flushed generation {path} cannot be read: {e}") from e
+        base = self._dataset().schema
+        dead = pc.fill_null(rows.column(TOMBSTONE), False)
+        rows = rows.drop_columns([TOMBSTONE])
+        rows = rows.cast(pa.schema([base.field(n) for n in rows.column_names]))
+        return rows.filter(pc.invert(dead)), rows.filter(dead)
+
+    def _delete(self, tombstones: pa.Table) -> bool:
+        """Pass 1: delete the base rows of these keys; False if the commit lost a race."""
+        try:
+            self._dataset().merge_insert(self.pk).when_matched_delete().conflict_retries(0).execute(
+                tombstones
+            )
+        except OSError as e:
+            if any(m in str(e) for m in _LOST_RACE):
+                return False
+            raise
+        return True

@@ -1,0 +1,100 @@
+"""Shared pieces of the merger and GC tests: a small workload with a dict model, and oracles.
+
+`Workload` writes random upserts and deletes through a real table writer and keeps the expected rows
+in a dict; `rows_at(table, version)` reads what a time-travelling reader of base version `version`
+sees (the base at that version + every listed generation above its merged generation), row by row,
+failing if a generation it needs is gone; `progress_history` is the merge progress of every retained
+base version.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import lance
+import pyarrow as pa
+from reference import _apply
+
+import memwal_df as mw
+from memwal_df import layout, memwal_index
+from memwal_df.manifest import RegionManifestStore
+from memwal_df.table import Table
+
+KEYS = 400
+
+
+def create(uri: str, options: dict[str, str] | None, regions: int = 4, base: int = 200) -> Table:
+    data = pa.table({"id": pa.array(range(base), pa.int64()), "v": pa.array([0.0] * base)})
+    return mw.create_table(uri, data, "id", region_spec=mw.bucket("id", regions), storage_options=options)
+
+
+class Workload:
+    """Random puts/deletes through `table.writer()`, mirrored in `model` (key -> row)."""
+
+    def __init__(self, table: Table, seed: int, base: int = 200) -> None:
+        self.table = table
+        self.rng = random.Random(seed)
+        self.model: dict[Any, dict[str, Any]] = {i: {"id": i, "v": 0.0} for i in range(base)}
+        self.step = 0
+
+    def write(self, writer: Any, puts: int = 30, deletes: int = 8) -> None:
+        self.step += 1
+        keys = sorted(self.rng.sample(range(KEYS), puts))
+        rows = [{"id": k, "v": float(self.step * 1000 + k)} for k in keys]
+        writer.put(pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.int64()), ("v", pa.float64())])))
+        for r in rows:
+            self.model[r["id"]] = r
+        dead = sorted(self.rng.sample(range(KEYS), deletes))
+        writer.delete(pa.table({"id": pa.array(dead, pa.int64())}))
+        for k in dead:
+            self.model.pop(k, None)
+
+    def generation(self, writer: Any) -> None:
+        """One write then a flush: at least one new generation in some regions."""
+        self.write(writer)
+        writer.flush()
+
+
+def rows_at(table: Table, version: int | None = None) -> dict[Any, dict[str, Any]]:
+    """What a reader of base version `version` (None: latest) sees, from the current region manifests.
+
+    Raises when a generation that reader needs (listed, above its merged generation) is missing."""
+    options = table.storage_options or None
+    ds = lance.dataset(table.uri, version=version, storage_options=options)
+    found = memwal_index.read_details(table.uri, options, ds.version)
+    assert found is not None
+    merged = memwal_index.merged_generations(found[0])
+    model: dict[Any, dict[str, Any]] = {}
+    _apply(model, ds.to_table().to_pylist(), ("id",))
+    for region_id in table.region_ids():
+        m = RegionManifestStore(table.storage, region_id).latest()
+        for sst in sorted(m.sstables if m else [], key=lambda s: s.generation):
+            if sst.generation > merged.get(region_id, 0):
+                uri = table.storage.child_uri(layout.generation_path(region_id, sst.path))
+                _apply(model, lance.dataset(uri, storage_options=options).to_table().to_pylist(), ("id",))
+    return model
+
+
+def progress_history(table: Table) -> list[dict[uuid.UUID, int]]:
+    """Merge progress (`compacted_sstables`) of every retained base version, oldest first."""
+    ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
+    out = []
+    for v in sorted(x["version"] for x in ds.versions()):
+        found = memwal_index.read_details(table.uri, table.storage_options or None, v)
+        out.append(memwal_index.merged_generations(found[0]) if found else {})
+    return out
+
+
+def assert_monotonic(history: list[dict[uuid.UUID, int]]) -> None:
+    last: dict[uuid.UUID, int] = {}
+    for i, progress in enumerate(history):
+        for region, gen in last.items():
+            assert progress.get(region, 0) >= gen, f"merge progress of {region} went back at version {i + 1}"
+        last = progress
+
+
+def base_rows(table: Table) -> dict[Any, dict[str, Any]]:
+    table.refresh()
+    return {r["id"]: r for r in table.dataset.to_table().to_pylist()}
