@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -37,7 +37,8 @@ from memwal_df.errors import MissingGenerationError, NotFoundError
 from memwal_df.exec.keyset import key_array
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.predicate import referenced_columns, split_for_lance
-from memwal_df.schema import TableSchema
+from memwal_df.region_spec import RegionSpec
+from memwal_df.schema import TableSchema, conform
 from memwal_df.storage import LocalStorage, Storage
 
 if TYPE_CHECKING:
@@ -211,27 +212,58 @@ class RegionLevels:
 
 @dataclass
 class ReadSnapshot:
-    """What one query reads."""
+    """What one query reads.
+
+    `lookup_keys` is set for a point-lookup snapshot (`take_snapshot(keys=...)`): `regions` then holds
+    only the regions those keys can live in, so the snapshot answers lookups of those keys only."""
 
     schema: TableSchema
     base: lance.LanceDataset
     details: pb.MemWalIndexDetails
     regions: list[RegionLevels]
     consistency: str
+    lookup_keys: pa.Table | None = None
 
     @property
     def levels(self) -> list[Level]:
         return [lv for r in self.regions for lv in r.levels]
 
 
+def key_region_values(
+    spec: RegionSpec | None, field_ids: Mapping[str, int], primary_key: Sequence[str], keys: pa.Table
+) -> list[tuple[Any, ...]] | None:
+    """Each key's region values under `spec` (keys in the table's key types), or None when keys
+    cannot be routed: no spec, or a spec that reads columns other than the key."""
+    if spec is None or not spec.fields:
+        return None
+    if not spec.reads_only(field_ids[c] for c in primary_key if c in field_ids):
+        return None
+    return list(zip(*(v.to_pylist() for v in spec.evaluate(keys, field_ids)), strict=True))
+
+
+def may_hold(spec: RegionSpec, targets: Container[tuple[Any, ...]], spec_id: int, values: Any) -> bool:
+    """Whether a region (its spec id and values) may hold keys whose region values are in `targets`
+    under `spec`: yes when its values match, or are unknown, or were recorded under another spec."""
+    return values is None or spec_id != spec.spec_id or tuple(values) in targets
+
+
 def take_snapshot(
-    table: Table, consistency: Consistency = "latest", writer: TableWriter | RegionWriter | None = None
+    table: Table,
+    consistency: Consistency = "latest",
+    writer: TableWriter | RegionWriter | None = None,
+    *,
+    keys: pa.Table | None = None,
 ) -> ReadSnapshot:
-    """Pin the base version, then read every region's latest manifest (and the writer's MemTables)."""
+    """Pin the base version, then read every region's latest manifest (and the writer's MemTables).
+
+    With `keys` (a table of the primary-key columns), a point-lookup snapshot: regions the region
+    spec routes none of the keys to are left out, without reading their manifests (a region's spec
+    and values never change, so `Table.known_region` remembers them; regions not seen before are read
+    once to learn them). The same consistency holds for the regions kept."""
     if consistency != "latest":
         raise ValueError(f"unknown consistency mode {consistency!r} (only 'latest' exists so far)")
     for _ in range(_MAX_PLANNING_ATTEMPTS):
-        snapshot = _take(table, writer)
+        snapshot = _take(table, writer, keys)
         # A merge committed while the manifests were read may already have been collected: its
         # generations would be missing from both the pinned base and the levels. Plan again.
         if memwal_index.latest_version(table.storage) == snapshot.base.version:
@@ -239,14 +271,17 @@ def take_snapshot(
     return snapshot
 
 
-def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapshot:
-    table.refresh()
+def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Table | None) -> ReadSnapshot:
+    table.sync()
     base = table.dataset
     merged = memwal_index.merged_generations(table.details)
     # MemTables first, manifests second: a MemTable flushed in between is then seen twice (as a
     # MemTable and as a generation, same rows), never not at all.
     memtables = _writer_memtables(writer)
     ids = table.region_ids()
+    wanted = _region_selector(table, keys)
+    if wanted is not None:
+        ids = [r for r in ids if (known := table.known_region(r)) is None or wanted(*known)]
     storage = table.storage
 
     def latest(region_id: uuid.UUID) -> pb.ShardManifest | None:
@@ -261,6 +296,9 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapsh
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
             continue
+        values = table.region_values(m)
+        if wanted is not None and not wanted(m.shard_spec_id, values):
+            continue
         floor = merged.get(region_id, 0)
         levels = [
             Level("memtable", region_id, gen, storage, table=t)
@@ -273,8 +311,23 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapsh
             )
             for s in flushed
         ]
-        regions.append(RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels))
-    return ReadSnapshot(table.schema, base, table.details, regions, "latest")
+        regions.append(RegionLevels(region_id, m.shard_spec_id, values, levels))
+    return ReadSnapshot(table.schema, base, table.details, regions, "latest", keys)
+
+
+def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
+    """For a point-lookup snapshot, a test of (spec id, region values) for the regions to read; None
+    when every region is read (no keys, or keys the region spec cannot route)."""
+    if keys is None:
+        return None
+    ts, spec = table.schema, table.spec
+    keys = conform(keys.select(list(ts.primary_key)), ts.key_schema, what="lookup keys")
+    values = key_region_values(spec, ts.field_ids, ts.primary_key, keys)
+    if values is None:
+        return None
+    assert spec is not None
+    targets = set(values)
+    return lambda spec_id, region_values: may_hold(spec, targets, spec_id, region_values)
 
 
 _POOL: ThreadPoolExecutor | None = None

@@ -43,7 +43,7 @@ from memwal_df.exec.take_last import TakeLastExec
 from memwal_df.exec.union import UnionExec
 from memwal_df.region_spec import RegionSpec
 from memwal_df.schema import TableSchema, conform
-from memwal_df.snapshot import Level, ReadSnapshot, RegionLevels
+from memwal_df.snapshot import Level, ReadSnapshot, RegionLevels, key_region_values, may_hold
 
 __all__ = ["plan_point_lookup"]
 
@@ -138,24 +138,21 @@ def _route(
         return [], []
     if not with_levels:
         return [], every
-    routable = spec is not None and spec.reads_only(field_ids[c] for c in primary_key if c in field_ids)
-    if not routable:
+    routes = key_region_values(spec, field_ids, primary_key, keys)
+    if routes is None:
         return [(with_levels, every)], []
     assert spec is not None
-    known: dict[tuple[Any, ...], list[int]] = {}
-    unknown: list[int] = []
-    for i, r in enumerate(with_levels):
-        if r.values is not None and r.spec_id == spec.spec_id:
-            known.setdefault(tuple(r.values), []).append(i)
-        else:
-            unknown.append(i)
-    values = [v.to_pylist() for v in spec.evaluate(keys, field_ids)]
+    rows_by_value: dict[tuple[Any, ...], list[int]] = {}
+    for row, value in enumerate(routes):
+        rows_by_value.setdefault(value, []).append(row)
     by_regions: dict[tuple[int, ...], list[int]] = {}
-    for row, value in enumerate(zip(*values, strict=True)):
-        targets = tuple(known.get(value, ())) + tuple(unknown)
-        by_regions.setdefault(targets, []).append(row)
-    groups = [([with_levels[i] for i in targets], rows) for targets, rows in by_regions.items() if targets]
-    return groups, by_regions.get((), [])
+    for value, rows in rows_by_value.items():
+        targets = tuple(i for i, r in enumerate(with_levels) if may_hold(spec, (value,), r.spec_id, r.values))
+        by_regions.setdefault(targets, []).extend(rows)
+    groups = [
+        ([with_levels[i] for i in targets], sorted(rows)) for targets, rows in by_regions.items() if targets
+    ]
+    return groups, sorted(by_regions.get((), []))
 
 
 def _level_input(level: Level, columns: list[str], primary_key: list[str]) -> Callable[[pa.Table], ExecNode]:
