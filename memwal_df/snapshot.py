@@ -51,12 +51,14 @@ _PARALLEL_MANIFEST_READS = 16
 _MAX_PLANNING_ATTEMPTS = 5
 
 
-class _GenerationCache:
-    """Immutable per-generation state kept across queries, keyed by the generation's URI.
+class ImmutableCache:
+    """Values derived from files that never change once written, keyed by (URI, name), least
+    recently used dropped beyond `capacity`. Thread-safe; racing threads may compute a value twice.
 
-    A generation directory never changes once its manifest entry is committed (a retried flush
-    writes a new directory), so its opened dataset, bloom filter and derived indexes stay valid until
-    it is garbage-collected, which readers detect when a read fails."""
+    `GENERATIONS` holds per-generation state across queries: a generation directory never changes
+    once its manifest entry is committed (a retried flush writes a new directory), so its opened
+    dataset, bloom filter and derived indexes stay valid until it is garbage-collected, which
+    readers detect when a read fails."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -83,7 +85,7 @@ class _GenerationCache:
                 del self._items[key]
 
 
-GENERATIONS = _GenerationCache()
+GENERATIONS = ImmutableCache()
 
 
 @dataclass

@@ -19,9 +19,13 @@ How each level is read:
   index (none, or not one fragment 0 of the indexed size) is scanned with a key filter instead and the
   row with the largest row address per key is kept.
 * unflushed MemTable: vectorized membership test on the key columns (the copy is newest-per-key).
-* base table: a scan with `key IN (...)` pushed into Lance, which answers it from a scalar index on
-  the key (btree, bitmap) when there is one; the scan stops once every key is found (the base holds
-  each key once).
+* base table with a one-column integer key and at most `MAX_MAPPED_BASE_ROWS` rows: a key → row id
+  map of the pinned base version (sorted keys, built from one scan of the key column the first time
+  that dataset object is looked up in, 16 bytes per row, dropped with the dataset object) finds the
+  rows, which are taken by row id (`_take_rows`). Absent keys cost no read at all.
+* any other base table: a scan with `key IN (...)` pushed into Lance, which answers it from a scalar
+  index on the key (btree, bitmap) when there is one; the scan stops once every key is found (the
+  base holds each key once).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import pyarrow.compute as pc
 
 from memwal_df import pk_index
 from memwal_df.errors import NotFoundError
+from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec._keys import (
     TOMBSTONE,
     encode_keys,
@@ -132,9 +137,14 @@ class TakeLastExec(ExecNode):
             if isinstance(self.source, Level):
                 self.method = "_pk_index" if self.source.kind == "generation" else "key hash match"
             else:
-                index = _index_on_key(self.source, self.primary_key)
-                self.method = index if index is not None else "filtered scan"
+                self.method = self.describe_base(self.source, _mappable(self.source, self.primary_key))
         return f"TakeLastExec: {self.source_label}, via {self.method}, keys={self.keys.num_rows}"
+
+    def describe_base(self, ds: lance.LanceDataset, mapped: bool) -> str:
+        if mapped:
+            return "key map"
+        index = _index_on_key(ds, self.primary_key)
+        return index if index is not None else "filtered scan"
 
     # ------------------------------------------------------------------ execution
 
@@ -211,6 +221,19 @@ class TakeLastExec(ExecNode):
         return last_per_key(table, self.primary_key, order).drop_columns([_ROWADDR])
 
     def _base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
+        key_map = _base_key_map(ds, self.primary_key)
+        if key_map is not None:
+            taken = key_map.take(ds, self.keys.column(0), self.columns)
+            if taken is not None:
+                self.method = "key map"
+                if taken.num_rows:
+                    self.rows_out += taken.num_rows
+                    yield from (b for b in _live(taken).to_batches() if b.num_rows)
+                return
+            self.method = "filtered scan (the key map does not apply to these keys)"
+        yield from self._scan_base(ds)
+
+    def _scan_base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
         unfound = encode_keys(self.keys, self.primary_key)
         scanner = ds.scanner(columns=self.columns, filter=key_filter(self.keys, self.primary_key))
         for batch in scanner.to_batches():
@@ -223,12 +246,74 @@ class TakeLastExec(ExecNode):
             rows = _first_per_key(rows, self.primary_key)
             found = encode_keys(rows, self.primary_key).cast(unfound.type)
             unfound = unfound.filter(pc.invert(pc.is_in(unfound, value_set=found)))
-            flag = pa.array(np.zeros(rows.num_rows, dtype=bool), pa.bool_())
-            out = rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
+            out = _live(rows)
             self.rows_out += out.num_rows
             yield from (b for b in out.to_batches() if b.num_rows)
             if len(unfound) == 0:
                 return  # every key found: the base holds each key once
+
+
+def _live(rows: pa.Table) -> pa.Table:
+    """Base-table rows with `_tombstone = false` appended."""
+    flag = pa.array(np.zeros(rows.num_rows, dtype=bool), pa.bool_())
+    return rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
+
+
+@dataclass(frozen=True)
+class _KeyMap:
+    """Every key of one base version (sorted) with its row's `_rowid` (a row address unless the table
+    uses stable row ids; `_take_rows` takes either)."""
+
+    keys: np.ndarray
+    row_ids: np.ndarray  # uint64, aligned with keys
+    key_type: pa.DataType
+
+    @classmethod
+    def build(cls, ds: lance.LanceDataset, column: str) -> _KeyMap:
+        t = ds.to_table(columns=[column], with_row_id=True)
+        keys = t.column(column).to_numpy()
+        order = np.argsort(keys, kind="stable")
+        row_ids = t.column("_rowid").to_numpy().astype(np.uint64, copy=False)
+        return cls(keys[order], row_ids[order], t.schema.field(column).type)
+
+    def take(self, ds: lance.LanceDataset, wanted: pa.ChunkedArray, columns: list[str]) -> pa.Table | None:
+        """The rows of the `wanted` keys (NULLs match nothing); None when the keys are not of the
+        map's type or the rows taken are not the rows mapped (then the caller scans)."""
+        if wanted.type != self.key_type:
+            return None
+        probe = pc.drop_null(wanted).to_numpy()
+        if len(self.keys) == 0 or len(probe) == 0:
+            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+        pos = np.minimum(np.searchsorted(self.keys, probe), len(self.keys) - 1)
+        row_ids = np.unique(self.row_ids[pos[self.keys[pos] == probe]])
+        if len(row_ids) == 0:
+            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+        taken = ds._take_rows(pa.array(row_ids, pa.uint64()), columns=columns)
+        return taken if taken.num_rows == len(row_ids) else None
+
+
+MAX_MAPPED_BASE_ROWS = 4_000_000
+_NOT_MAPPED = object()
+_base_key_maps: PerObjectCache[lance.LanceDataset, object] = PerObjectCache()
+
+
+def _mappable(ds: lance.LanceDataset, primary_key: Sequence[str]) -> bool:
+    return (
+        len(primary_key) == 1
+        and pa.types.is_integer(ds.schema.field(primary_key[0]).type)
+        and ds.count_rows() <= MAX_MAPPED_BASE_ROWS
+    )
+
+
+def _base_key_map(ds: lance.LanceDataset, primary_key: Sequence[str]) -> _KeyMap | None:
+    """The key map of this base dataset object (a pinned version), built on first use; None when the
+    base is not mapped (see the module docstring)."""
+
+    def build() -> object:
+        return _KeyMap.build(ds, primary_key[0]) if _mappable(ds, primary_key) else _NOT_MAPPED
+
+    found = _base_key_maps.get(ds, build)
+    return found if isinstance(found, _KeyMap) else None
 
 
 def _first_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
