@@ -216,8 +216,9 @@ class RegionLevels:
 class ReadSnapshot:
     """What one query reads.
 
-    `lookup_keys` is set for a point-lookup snapshot (`take_snapshot(keys=...)`): `regions` then holds
-    only the regions those keys can live in, so the snapshot answers lookups of those keys only."""
+    `lookup_keys` is set for a point-lookup snapshot (`take_snapshot(keys=...)`, conformed to the key
+    schema): `regions` then holds only the regions those keys can live in, so the snapshot answers
+    lookups of those keys only (`plan_point_lookup` checks)."""
 
     schema: TableSchema
     base: lance.LanceDataset
@@ -264,6 +265,9 @@ def take_snapshot(
     once to learn them). The same consistency holds for the regions kept."""
     if consistency != "latest":
         raise ValueError(f"unknown consistency mode {consistency!r} (only 'latest' exists so far)")
+    if keys is not None:
+        ts = table.schema
+        keys = conform(keys.select(list(ts.primary_key)), ts.key_schema, what="lookup keys")
     for _ in range(_MAX_PLANNING_ATTEMPTS):
         snapshot = _take(table, writer, keys)
         # A merge committed while the manifests were read may already have been collected: its
@@ -318,12 +322,12 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
 
 
 def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
-    """For a point-lookup snapshot, a test of (spec id, region values) for the regions to read; None
-    when every region is read (no keys, or keys the region spec cannot route)."""
+    """For a point-lookup snapshot (`keys` conformed to the key schema), a test of (spec id, region
+    values) for the regions to read; None when every region is read (no keys, or keys the region
+    spec cannot route)."""
     if keys is None:
         return None
     ts, spec = table.schema, table.spec
-    keys = conform(keys.select(list(ts.primary_key)), ts.key_schema, what="lookup keys")
     values = key_region_values(spec, ts.field_ids, ts.primary_key, keys)
     if values is None:
         return None

@@ -21,6 +21,8 @@ Guarantees:
   key as well); otherwise every region gets every key. Within a key group the levels are asked newest
   first, region after region (a key lives in one region only), then the base table.
 * Keys routed to no region with unmerged levels are looked up in the base table in one go.
+* A point-lookup snapshot (`take_snapshot(keys=...)`) answers only the keys it was taken for; other
+  keys raise `RegionRoutingError` (their regions may be missing from it).
 * The result: one live row per key that exists, columns as requested, in the table's types; deleted
   and absent keys return nothing. Nothing is read before `execute()`.
 * Unflushed MemTables are not bloom-guarded (`Level.bloom()` has no filter for them; their lookup
@@ -34,8 +36,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_df.errors import SchemaMismatchError
-from memwal_df.exec._keys import TOMBSTONE, distinct_keys
+from memwal_df.errors import RegionRoutingError, SchemaMismatchError
+from memwal_df.exec._keys import TOMBSTONE, distinct_keys, encode_keys, member_mask
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.bloom_guard import BloomFilterGuardExec
 from memwal_df.exec.coalesce_first import CoalesceFirstExec
@@ -68,6 +70,13 @@ def plan_point_lookup(
     out_columns = _output_columns(ts, columns)
     out_schema = pa.schema([ts.schema.field(c) for c in out_columns])
     keys = _conform_keys(ts, keys)
+    if snapshot.lookup_keys is not None and keys.num_rows:
+        held = encode_keys(snapshot.lookup_keys, pk)
+        if not member_mask(keys, pk, held).all():
+            raise RegionRoutingError(
+                "lookup of keys the snapshot was not taken for: a point-lookup snapshot holds only the "
+                "regions its keys route to (take_snapshot(keys=...))"
+            )
     base = snapshot.base
 
     def take_base(k: pa.Table) -> ExecNode:
