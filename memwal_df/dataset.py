@@ -159,12 +159,7 @@ class MemWalTable(pds.Dataset):
         key_table = pa.Table.from_pylist(
             [dict(zip(ts.primary_key, k, strict=True)) for k in keys], schema=ts.key_schema
         )
-        snapshot = take_snapshot(
-            self.table,
-            self.consistency,
-            self.writer,
-            keys=key_table,  # type: ignore[arg-type]
-        )
+        snapshot = take_snapshot(self.table, self.consistency, self.writer, keys=key_table)  # type: ignore[arg-type]
         spec, field_ids = self.table.spec, snapshot.schema.field_ids  # as of the snapshot
         if selects_keys_only(decode(filter), ts.key_schema):
 

@@ -82,7 +82,9 @@ def plan_point_lookup(
     def take_base(k: pa.Table) -> ExecNode:
         return TakeLastExec(base, k, out_columns, pk)
 
-    groups, base_only = _route(snapshot.regions, spec, field_ids, keys, pk)
+    # A lookup snapshot of one key holds just the regions that key may live in: nothing to route.
+    routed = snapshot.lookup_keys is not None and keys.num_rows == 1
+    groups, base_only = _route(snapshot.regions, None if routed else spec, field_ids, keys, pk)
     nodes: list[ExecNode] = []
     for regions, rows in groups:
         inputs = [_level_input(lv, out_columns, pk) for r in regions for lv in r.levels]
