@@ -34,6 +34,7 @@ from memwal_df import layout, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.bloom import BloomFilter
 from memwal_df.errors import MissingGenerationError, NotFoundError
+from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec.keyset import key_array
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.predicate import referenced_columns, split_for_lance
@@ -289,9 +290,13 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     if wanted is not None:
         ids = [r for r in ids if (known := table.known_region(r)) is None or wanted(*known)]
     storage = table.storage
+    known_manifests = _LATEST_MANIFESTS.get(table, dict)
 
     def latest(region_id: uuid.UUID) -> pb.ShardManifest | None:
-        return RegionManifestStore(storage, region_id).latest()
+        m = _latest_manifest(RegionManifestStore(storage, region_id), known_manifests.get(region_id))
+        if m is not None:
+            known_manifests[region_id] = m
+        return m
 
     # Local manifests are read faster than a thread pool starts; object stores in parallel.
     if len(ids) <= 1 or isinstance(storage, LocalStorage):
@@ -319,6 +324,20 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
         ]
         regions.append(RegionLevels(region_id, m.shard_spec_id, values, levels))
     return ReadSnapshot(table.schema, base, table.details, regions, "latest", keys)
+
+
+_LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
+
+
+def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
+    """The region's latest manifest. A manifest read before (`known`) that no version of the next
+    probe batch follows is still the latest, and is returned without reading the hint or the file
+    again: versions are written once each, in order (the probe `RegionManifestStore.latest` makes)."""
+    if known is not None:
+        following = range(known.version + 1, known.version + 1 + store.scan_batch)
+        if all(store.storage.head(store.path(v)) is None for v in following):
+            return known
+    return store.latest()
 
 
 def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:

@@ -54,9 +54,9 @@ class Reader:
         reads = self.manifests_read
 
         class Counted(RegionManifestStore):
-            def latest(self) -> Any:
-                reads.append(self.region_id)
-                return super().latest()
+            def __init__(self, storage: Any, region_id: uuid.UUID) -> None:
+                reads.append(region_id)
+                super().__init__(storage, region_id)
 
         monkeypatch.setattr(snapshot_module, "RegionManifestStore", Counted)  # the snapshot's reads only
 
@@ -76,7 +76,7 @@ class Reader:
         return want
 
     def reads_for(self, keys: list[int]) -> set[uuid.UUID]:
-        """The regions whose manifests one lookup of `keys` reads."""
+        """The regions whose manifests one lookup of `keys` consults."""
         self.manifests_read.clear()
         self.check(keys)
         return set(self.manifests_read)
@@ -170,3 +170,37 @@ def test_lookup_snapshot_holds_only_routed_regions(tmp_path: Path) -> None:
         plan_point_lookup(snap, t.spec, t.schema.field_ids, other, ["v"])
     # A table whose spec reads a non-key column cannot route keys: every region is kept.
     assert snapshot_module.key_region_values(None, t.schema.field_ids, ["id"], other) is None
+
+
+def test_region_manifest_reread_only_when_a_newer_version_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = str(tmp_path / "t")
+    t = mw.create_table(uri, rows(list(range(N_BASE)), "b"), "id", region_spec=mw.unsharded())
+    reader = mw.open_table(uri)
+    full_reads: list[int] = []
+    real = RegionManifestStore.latest
+
+    def counted(store: RegionManifestStore) -> Any:
+        full_reads.append(1)
+        return real(store)
+
+    monkeypatch.setattr(RegionManifestStore, "latest", counted)
+
+    def generations(table: mw.Table) -> list[tuple[int, str | None]]:
+        return [(lv.generation, lv.path) for lv in take_snapshot(table).levels]
+
+    w = t.writer()
+    try:
+        for step in range(4):
+            for _ in range(step):  # 0, 1, 2, 3 new manifest versions (the probe batch is 2)
+                w.put(rows([step], "g"))
+                w.flush()
+            full_reads.clear()
+            got = generations(reader)
+            assert len(full_reads) == (1 if step else 0)  # a newer version: the manifest is read
+            assert generations(reader) == got and len(full_reads) == (1 if step else 0)  # kept
+            assert got == generations(mw.open_table(uri))  # a fresh reader reads the same levels
+            assert len(got) == step * (step + 1) // 2
+    finally:
+        w.close()
