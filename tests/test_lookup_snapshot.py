@@ -46,10 +46,12 @@ def by_bucket(t: mw.Table, ids: range) -> dict[int, list[int]]:
 class Reader:
     """One registration (`MemWalTable(uri)`) queried through SQL; answers checked against the model."""
 
-    def __init__(self, uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.uri = uri
+    def __init__(
+        self, uri: str, monkeypatch: pytest.MonkeyPatch, storage_options: dict[str, str] | None = None
+    ) -> None:
+        self.uri, self.options = uri, storage_options
         self.ctx = datafusion.SessionContext()
-        self.ctx.register_table("t", mw.MemWalTable(uri))
+        self.ctx.register_table("t", mw.MemWalTable(uri, storage_options))
         self.manifests_read: list[uuid.UUID] = []
         reads = self.manifests_read
 
@@ -62,7 +64,7 @@ class Reader:
 
     def check(self, keys: list[int]) -> dict[int, str]:
         """Looks `keys` up (`id = k` each, then one `IN` list); asserts both equal the model; returns it."""
-        model = stored_rows(mw.open_table(self.uri))
+        model = stored_rows(mw.open_table(self.uri, self.options))
         want = {k: model[k]["v"] for k in keys if k in model}
         got: dict[int, str] = {}
         for k in keys:
@@ -204,3 +206,25 @@ def test_region_manifest_reread_only_when_a_newer_version_exists(
             assert len(got) == step * (step + 1) // 2
     finally:
         w.close()
+
+
+def test_lookups_on_both_backends(
+    table_uri: str, table_storage_options: dict[str, str] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lookups (the base key map, kept fragment sessions, kept manifests) on a local path and on S3."""
+    base = rows(list(range(N_BASE)), "b")
+    t = mw.create_table(table_uri, base, "id", mw.bucket("id", 2), storage_options=table_storage_options)
+    with t.writer() as w:
+        w.put(rows([1, 2, N_BASE + 1], "g1-"))
+        w.delete(pa.table({"id": pa.array([3], pa.int64())}))
+    reader = Reader(table_uri, monkeypatch, table_storage_options)
+    keys = [1, 2, 3, 4, N_BASE + 1, N_BASE + 2]
+    before = reader.check(keys)
+    assert before[1] == "g1-1" and 3 not in before and before[4] == "b4"
+    merge_all(mw.open_table(table_uri, table_storage_options))
+    assert reader.check(keys) == before
+    assert gc_merged(mw.open_table(table_uri, table_storage_options))
+    assert reader.check(keys) == before
+    with t.writer() as w:
+        w.put(rows([4], "g2-"))
+    assert reader.check(keys) == {**before, 4: "g2-4"}
