@@ -143,14 +143,8 @@ class TakeLastExec(ExecNode):
             if isinstance(self.source, Level):
                 self.method = "_pk_index" if self.source.kind == "generation" else "key hash match"
             else:
-                self.method = self.describe_base(self.source, _mappable(self.source, self.primary_key))
+                self.method = _base_method(self.source, self.primary_key)
         return f"TakeLastExec: {self.source_label}, via {self.method}, keys={self.keys.num_rows}"
-
-    def describe_base(self, ds: lance.LanceDataset, mapped: bool) -> str:
-        if mapped:
-            return "key map"
-        index = _index_on_key(ds, self.primary_key)
-        return index if index is not None else "filtered scan"
 
     # ------------------------------------------------------------------ execution
 
@@ -345,6 +339,14 @@ def _mappable(ds: lance.LanceDataset, primary_key: Sequence[str]) -> bool:
         and pa.types.is_integer(ds.schema.field(primary_key[0]).type)
         and ds.count_rows() <= MAX_MAPPED_BASE_ROWS
     )
+
+
+def _base_method(ds: lance.LanceDataset, primary_key: Sequence[str]) -> str:
+    """How a lookup in this base table runs, as `describe()` names it."""
+    if _mappable(ds, primary_key):
+        return "key map"
+    index = _index_on_key(ds, primary_key)
+    return index if index is not None else "filtered scan"
 
 
 def _base_key_map(ds: lance.LanceDataset, primary_key: Sequence[str]) -> _KeyMap | None:
