@@ -2,10 +2,13 @@
 10 flushed generations per region (4 bucket regions), against Lance 14's `LsmPointLookupPlanner` over
 the same levels. Nothing is asserted: the script prints p50/p99 in milliseconds.
 
-Cases, one key each: a key only in the base (every generation's bloom filter is checked, then the btree),
-a key in the newest generation, a key in the oldest generation, an absent key; and an IN list of 100
-keys. "warm" reuses one snapshot (bloom filters and `_pk_index` already read by earlier queries);
-"cold" takes a new snapshot per query (region manifests, bloom filters and indexes read again).
+Cases, one key each: a key only in the base (every generation's bloom filter of its region is checked,
+then the base), a key in the newest generation, a key in the oldest generation, an absent key; and an
+IN list of 100 keys. "warm" reuses one snapshot of every region; "cold" takes a point-lookup snapshot
+of the keys per query (`take_snapshot(t, keys=...)`: the latest base version and the manifests of the
+regions the keys route to; bloom filters, `_pk_index`es and the base key map stay cached across
+snapshots); "SQL" is `SELECT * FROM t WHERE id IN (...)` through DataFusion (`MemWalTable`, a snapshot
+per query).
 
     python bench/point_lookup.py [--base-rows 1000000] [--generations 10] [--queries 200]
 """
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import datafusion
 import lance
 import numpy as np
 import pyarrow as pa
@@ -86,21 +90,31 @@ def main() -> None:
         ids = t.schema.field_ids
 
         def ours(k: pa.Table, cold: bool) -> pa.Table:
-            s = take_snapshot(t) if cold else snap
+            s = take_snapshot(t, keys=k) if cold else snap
             return plan_point_lookup(s, t.spec, ids, k, None).to_table()
+
+        ctx = datafusion.SessionContext()
+        ctx.register_table("t", mw.MemWalTable(t.uri))
+
+        def sql(k: pa.Table) -> pa.Table:
+            listed = ", ".join(str(v) for v in k.column("id").to_pylist())
+            return ctx.sql(f"SELECT * FROM t WHERE id IN ({listed})").to_arrow_table()
 
         cases = {name: pa.table({"id": pa.array([k], pa.int64())}) for name, k in keys.items()}
         cases["IN (100 keys)"] = pa.table({"id": pa.array(np.arange(0, 100 * 9973, 9973), pa.int64())})
-        print(f"{'case':<16}{'warm p50':>10}{'p99':>8}{'cold p50':>10}{'p99':>8}{'native p50':>12}{'p99':>8}")
+        head = f"{'case':<16}{'warm p50':>10}{'p99':>8}{'cold p50':>10}{'p99':>8}{'SQL p50':>10}{'p99':>8}"
+        print(f"{head}{'native p50':>12}{'p99':>8}")
         for name, k in cases.items():
             warm = timed(lambda k=k: ours(k, False), args.queries)
             cold = timed(lambda k=k: ours(k, True), max(20, args.queries // 4))
+            via_sql = timed(lambda k=k: sql(k), max(20, args.queries // 4))
             if k.num_rows == 1:
                 native = timed(lambda k=k: planner.plan_lookup(k.column("id").chunk(0)).to_table(), 50)
                 nat = f"{native[0]:>12.2f}{native[1]:>8.2f}"
             else:
                 nat = f"{'-':>12}{'-':>8}"
-            print(f"{name:<16}{warm[0]:>10.2f}{warm[1]:>8.2f}{cold[0]:>10.2f}{cold[1]:>8.2f}{nat}")
+            ms = [*warm, *cold, *via_sql]
+            print(f"{name:<16}" + "".join(f"{v:>{w}.2f}" for v, w in zip(ms, [10, 8] * 3, strict=True)) + nat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -10,8 +10,8 @@ those rows are only in its MemTables, which `MemWalTable(uri, writer=w)` reads.
 
 Measured (each scan in `--repeat` rounds in which the engines take turns, the median shown; each lookup
 kind over `--lookups` random keys, each key looked up once per engine, the engines taking turns key by
-key, after a few warm-up lookups of other keys of the same kind; taking turns keeps a drift in machine
-load from favouring one engine):
+key in a new random order for every key, after a few warm-up lookups of other keys of the same kind;
+taking turns keeps a drift in machine load from favouring one engine):
 
 * full scan (`SELECT *`, materialized as one Arrow table), filtered scan (`value < 0.1`), count(*);
 * point lookups `id = k`, p50/p99, for keys whose newest version is in a MemTable, in a flushed
@@ -191,17 +191,20 @@ def time_lookups(
     fns: Sequence[Callable[[int], int]], keys: Sequence[int], warmup: Sequence[int]
 ) -> list[tuple[list[float], int]]:
     """One timed lookup per key and fn, the fns taking turns key by key (after untimed lookups of the
-    `warmup` keys). Per fn: its samples (s) and how many keys it found."""
+    `warmup` keys), in a new random order for every key: a query runs slower right after another
+    engine's (its threads parked, caches cold), which a fixed order, or a rotation of one, would
+    charge to the same engines every time. Per fn: its samples (s) and how many keys it found."""
     for k in warmup:
         for fn in fns:
             fn(k)
     gc.collect()
     samples: list[list[float]] = [[] for _ in fns]
     found = [0] * len(fns)
+    rng = np.random.default_rng(3)
     for k in keys:
-        for i, fn in enumerate(fns):
+        for i in rng.permutation(len(fns)):
             t0 = time.perf_counter()
-            n = fn(k)
+            n = fns[i](k)
             samples[i].append(time.perf_counter() - t0)
             found[i] += n > 0
     return list(zip(samples, found, strict=True))

@@ -24,13 +24,46 @@ from memwal_df.exec.filter import FilterExec
 from memwal_df.exec.lookup_plan import plan_point_lookup
 from memwal_df.exec.union import UnionExec
 from memwal_df.planner import Partition, plan_scan
-from memwal_df.predicate import column_predicates, key_lookups, referenced_columns
+from memwal_df.predicate import (
+    Call,
+    Field,
+    Literal,
+    Node,
+    column_predicates,
+    decode,
+    key_lookups,
+    referenced_columns,
+)
 from memwal_df.snapshot import check_consistency, take_snapshot
 from memwal_df.table import Table, open_table
 
 if TYPE_CHECKING:
     from memwal_df.region import RegionWriter
     from memwal_df.writer import TableWriter
+
+
+_SET_OPERATIONS = frozenset({"and", "and_kleene", "or", "or_kleene"})
+
+
+def selects_keys_only(node: Node, key_schema: pa.Schema) -> bool:
+    """Whether a filter is built only of `key = literal` and `key IN (...)` (literals of the key
+    column's type), AND and OR: a row then matches it exactly when its key is among the keys
+    `key_lookups` derives from it, so a point lookup of those keys needs no filter on top."""
+    if not isinstance(node, Call):
+        return False
+    if node.function in _SET_OPERATIONS:
+        return len(node.args) == 2 and all(selects_keys_only(a, key_schema) for a in node.args)
+    if node.function == "equal" and len(node.args) == 2:
+        column, literal = node.args if isinstance(node.args[0], Field) else node.args[::-1]
+        found = literal.type if isinstance(literal, Literal) else None
+    elif node.function == "is_in" and len(node.args) == 1:
+        column, value_set = node.args[0], node.options.get("value_set")
+        found = value_set.type if isinstance(value_set, pa.Array) else None
+    else:
+        return False
+    if not isinstance(column, Field) or column.path or column.name not in key_schema.names:
+        return False
+    return found == key_schema.field(column.name).type
 
 
 class _Scanner:
@@ -121,19 +154,27 @@ class MemWalTable(pds.Dataset):
                 filter = None
             else:
                 return [Partition("no rows (the filter is never true)", lambda cols: UnionExec([]))]
-        snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
         ts = self.table.schema
         keys = key_lookups(filter, ts.primary_key)
         if keys is None:
+            snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
             return plan_scan(snapshot, self.table.specs, filter, column_predicates(filter))
         key_table = pa.Table.from_pylist(
             [dict(zip(ts.primary_key, k, strict=True)) for k in keys], schema=ts.key_schema
         )
+        snapshot = take_snapshot(self.table, self.consistency, self.writer, keys=key_table)  # type: ignore[arg-type]
+        spec, field_ids = self.table.spec, snapshot.schema.field_ids  # as of the snapshot
+        if selects_keys_only(decode(filter), ts.key_schema):
+
+            def lookup(columns: Sequence[str]) -> ExecNode:
+                return plan_point_lookup(snapshot, spec, field_ids, key_table, columns)
+
+            return [Partition(f"point lookup of {len(keys)} keys", lookup)]
         needed = sorted(referenced_columns(filter))
 
         def make(columns: Sequence[str]) -> ExecNode:
             read = list(dict.fromkeys([*columns, *needed]))
-            lookup = plan_point_lookup(snapshot, self.table.spec, ts.field_ids, key_table, read)
+            lookup = plan_point_lookup(snapshot, spec, field_ids, key_table, read)
             return FilterExec(lookup, filter, columns)
 
         return [Partition(f"point lookup of {len(keys)} keys", make)]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,10 +39,12 @@ from memwal_df import layout, memwal_index, region_snapshot
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.bloom import BloomFilter
 from memwal_df.errors import InvalidConfigError, MissingGenerationError, NotFoundError
+from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec.keyset import key_array
 from memwal_df.manifest import RegionManifestStore, region_id_of
 from memwal_df.predicate import referenced_columns, split_for_lance
-from memwal_df.schema import TableSchema
+from memwal_df.region_spec import RegionSpec
+from memwal_df.schema import TableSchema, conform
 from memwal_df.storage import LocalStorage, Storage
 
 if TYPE_CHECKING:
@@ -56,12 +58,14 @@ _PARALLEL_MANIFEST_READS = 16
 _MAX_PLANNING_ATTEMPTS = 5
 
 
-class _GenerationCache:
-    """Immutable per-generation state kept across queries, keyed by the generation's URI.
+class ImmutableCache:
+    """Values derived from files that never change once written, keyed by (URI, name), least
+    recently used dropped beyond `capacity`. Thread-safe; racing threads may compute a value twice.
 
-    A generation directory never changes once its manifest entry is committed (a retried flush
-    writes a new directory), so its opened dataset, bloom filter and derived indexes stay valid until
-    it is garbage-collected, which readers detect when a read fails."""
+    `GENERATIONS` holds per-generation state across queries: a generation directory never changes
+    once its manifest entry is committed (a retried flush writes a new directory), so its opened
+    dataset, bloom filter and derived indexes stay valid until it is garbage-collected, which
+    readers detect when a read fails."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -88,7 +92,7 @@ class _GenerationCache:
                 del self._items[key]
 
 
-GENERATIONS = _GenerationCache()
+GENERATIONS = ImmutableCache()
 
 
 @dataclass
@@ -217,27 +221,63 @@ class RegionLevels:
 
 @dataclass
 class ReadSnapshot:
-    """What one query reads."""
+    """What one query reads.
+
+    `lookup_keys` is set for a point-lookup snapshot (`take_snapshot(keys=...)`, conformed to the key
+    schema): `regions` then holds only the regions those keys can live in, so the snapshot answers
+    lookups of those keys only (`plan_point_lookup` checks)."""
 
     schema: TableSchema
     base: lance.LanceDataset
     details: pb.MemWalIndexDetails
     regions: list[RegionLevels]
     consistency: str
+    lookup_keys: pa.Table | None = None
 
     @property
     def levels(self) -> list[Level]:
         return [lv for r in self.regions for lv in r.levels]
 
 
+def key_region_values(
+    spec: RegionSpec | None, field_ids: Mapping[str, int], primary_key: Sequence[str], keys: pa.Table
+) -> list[tuple[Any, ...]] | None:
+    """Each key's region values under `spec` (keys in the table's key types), or None when keys
+    cannot be routed: no spec, or a spec that reads columns other than the key."""
+    if spec is None or not spec.fields:
+        return None
+    if not spec.reads_only(field_ids[c] for c in primary_key if c in field_ids):
+        return None
+    return list(zip(*(v.to_pylist() for v in spec.evaluate(keys, field_ids)), strict=True))
+
+
+def may_hold(spec: RegionSpec, targets: Container[tuple[Any, ...]], spec_id: int, values: Any) -> bool:
+    """Whether a region (its spec id and values) may hold keys whose region values are in `targets`
+    under `spec`: yes when its values match, or are unknown, or were recorded under another spec."""
+    return values is None or spec_id != spec.spec_id or tuple(values) in targets
+
+
 def take_snapshot(
-    table: Table, consistency: Consistency = "latest", writer: TableWriter | RegionWriter | None = None
+    table: Table,
+    consistency: Consistency = "latest",
+    writer: TableWriter | RegionWriter | None = None,
+    *,
+    keys: pa.Table | None = None,
 ) -> ReadSnapshot:
     """Pin the base version, then take the region states (every region's latest manifest, or the
-    MemWAL index's region snapshot) and the writer's MemTables."""
+    MemWAL index's region snapshot) and the writer's MemTables.
+
+    With `keys` (a table of the primary-key columns), a point-lookup snapshot: regions the region
+    spec routes none of the keys to are left out, without reading their manifests (a region's spec
+    and values never change, so `Table.known_region` remembers them; regions not seen before are read
+    once to learn them). The same consistency holds for the regions kept."""
     check_consistency(consistency)
+    if keys is not None:
+        ts = table.schema
+        keys = conform(keys.select(list(ts.primary_key)), ts.key_schema, what="lookup keys")
+    take = _take if consistency == "latest" else _take_indexed
     for _ in range(_MAX_PLANNING_ATTEMPTS):
-        snapshot = _take(table, writer) if consistency == "latest" else _take_indexed(table, writer)
+        snapshot = take(table, writer, keys)
         # A merge committed while the manifests were read may already have been collected: its
         # generations would be missing from both the pinned base and the levels. Plan again.
         if memwal_index.latest_version(table.storage) == snapshot.base.version:
@@ -245,18 +285,25 @@ def take_snapshot(
     return snapshot
 
 
-def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapshot:
-    table.refresh()
+def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Table | None) -> ReadSnapshot:
+    table.sync()
     base = table.dataset
     merged = memwal_index.merged_generations(table.details)
     # MemTables first, manifests second: a MemTable flushed in between is then seen twice (as a
     # MemTable and as a generation, same rows), never not at all.
     memtables = _writer_memtables(writer)
     ids = table.region_ids()
+    wanted = _region_selector(table, keys)
+    if wanted is not None:
+        ids = [r for r in ids if (known := table.known_region(r)) is None or wanted(*known)]
     storage = table.storage
+    known_manifests = _LATEST_MANIFESTS.get(table, dict)
 
     def latest(region_id: uuid.UUID) -> pb.ShardManifest | None:
-        return RegionManifestStore(storage, region_id).latest()
+        m = _latest_manifest(RegionManifestStore(storage, region_id), known_manifests.get(region_id))
+        if m is not None:
+            known_manifests[region_id] = m
+        return m
 
     # Local manifests are read faster than a thread pool starts; object stores in parallel.
     if len(ids) <= 1 or isinstance(storage, LocalStorage):
@@ -267,18 +314,52 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapsh
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
             continue
+        values = table.region_values(m)
+        if wanted is not None and not wanted(m.shard_spec_id, values):
+            continue
         regions.append(_region_levels(table, region_id, m, merged, memtables))
-    return ReadSnapshot(table.schema, base, table.details, regions, "latest")
+    return ReadSnapshot(table.schema, base, table.details, regions, "latest", keys)
 
 
-def _take_indexed(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapshot:
+_LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
+
+
+def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
+    """The region's latest manifest. A manifest read before (`known`) that no version of the next
+    probe batch follows is still the latest, and is returned without reading the hint or the file
+    again: versions are written once each, in order (the probe `RegionManifestStore.latest` makes)."""
+    if known is not None:
+        following = range(known.version + 1, known.version + 1 + store.scan_batch)
+        if all(store.storage.head(store.path(v)) is None for v in following):
+            return known
+    return store.latest()
+
+
+def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
+    """For a point-lookup snapshot (`keys` conformed to the key schema), a test of (spec id, region
+    values) for the regions to read; None when every region is read (no keys, or keys the region
+    spec cannot route)."""
+    if keys is None:
+        return None
+    ts, spec = table.schema, table.spec
+    values = key_region_values(spec, ts.field_ids, ts.primary_key, keys)
+    if values is None:
+        return None
+    assert spec is not None
+    targets = set(values)
+    return lambda spec_id, region_values: may_hold(spec, targets, spec_id, region_values)
+
+
+def _take_indexed(
+    table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
+) -> ReadSnapshot:
     """`snapshot` mode: region states from the pinned version's MemWAL index snapshot (no manifest
     read; a region the writer writes uses the writer's manifest when it is newer). Without a
     snapshot this is `_take` (and the result says `latest`)."""
-    table.refresh()
+    table.sync()
     states = region_snapshot.load(table.storage, table.details, table.specs)
     if states is None:
-        return _take(table, writer)
+        return _take(table, writer, keys)
     merged = memwal_index.merged_generations(table.details)
     memtables = _writer_memtables(writer)  # before the writer's manifests, as in `_take`
     newest = {region_id_of(m): m for m in states}
@@ -286,8 +367,13 @@ def _take_indexed(table: Table, writer: TableWriter | RegionWriter | None) -> Re
         region_id = region_id_of(m)
         if region_id not in newest or m.version > newest[region_id].version:
             newest[region_id] = m
-    regions = [_region_levels(table, r, newest[r], merged, memtables) for r in sorted(newest)]
-    return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot")
+    wanted = _region_selector(table, keys)
+    regions = []
+    for region_id in sorted(newest):
+        m = newest[region_id]
+        if wanted is None or wanted(m.shard_spec_id, table.region_values(m)):
+            regions.append(_region_levels(table, region_id, m, merged, memtables))
+    return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot", keys)
 
 
 def check_consistency(mode: str) -> Consistency:

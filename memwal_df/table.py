@@ -70,6 +70,7 @@ class Table:
         self.uri = self.storage.uri
         self.storage_options = dict(storage_options or {})
         self._session: lance.Session | None = None  # Lance's index/metadata caches, kept across refreshes
+        self._region_keys: dict[uuid.UUID, tuple[int, tuple[Any, ...] | None]] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -91,6 +92,12 @@ class Table:
         self.spec = RegionSpec.from_proto(specs[-1]) if specs else None
         self._specs = {s.spec_id: RegionSpec.from_proto(s) for s in specs}
         self.data_storage_version = ds.data_storage_version
+
+    def sync(self) -> None:
+        """`refresh()` if the base table has a version other than the open one (one version probe;
+        a Lance version never changes once written, so an unchanged number means unchanged state)."""
+        if memwal_index.latest_version(self.storage) != self.dataset.version:
+            self.refresh()
 
     @property
     def specs(self) -> dict[int, RegionSpec]:
@@ -242,14 +249,23 @@ class Table:
         """A region's values under its spec, from its manifest's field entries (None if unknown)."""
         spec = self._specs.get(m.shard_spec_id)
         if spec is None or not m.shard_field_entries:
-            return None
-        entries = {e.field_id: e.value for e in m.shard_field_entries}
-        return tuple(
-            decode_region_value(entries[f.field_id], result_arrow_type(f.result_type))
-            if f.field_id in entries
-            else None
-            for f in spec.fields
-        )
+            values = None
+        else:
+            entries = {e.field_id: e.value for e in m.shard_field_entries}
+            values = tuple(
+                decode_region_value(entries[f.field_id], result_arrow_type(f.result_type))
+                if f.field_id in entries
+                else None
+                for f in spec.fields
+            )
+        if spec is not None or not m.shard_field_entries:  # final: a region's entries never change
+            self._region_keys[region_id_of(m)] = (m.shard_spec_id, values)
+        return values
+
+    def known_region(self, region_id: uuid.UUID) -> tuple[int, tuple[Any, ...] | None] | None:
+        """(spec id, values) of a region whose manifest `region_values` decoded before, else None.
+        A region keeps the spec and values it was created with, so the answer never goes stale."""
+        return self._region_keys.get(region_id)
 
     def routed_writer(self, values: tuple[Any, ...], config: WriterConfig) -> RegionWriter:
         """The writer of the region for `values`, created with its field entries if new."""

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memwal_df import bloom
 from memwal_df.bloom import BloomFilter, hash_primary_keys, siphash13
 
 # No example database: the tests must leave nothing behind in the project tree.
@@ -432,6 +433,43 @@ def test_insert_hashes_with_duplicates_matches_one_by_one() -> None:
         single.insert_hashes(np.array([h], dtype=np.uint64))
     assert batch == single
     assert batch.contains_hashes(hashes).all()
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 40])
+def test_scalar_and_vectorized_hashing_agree(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Small batches are hashed with Python integers, large ones vectorized: the same hashes, equal
+    to the reference SipHash of each row's Rust Hash stream, for every key type and NULLs."""
+    rng = np.random.default_rng(n)
+    words = ["", "a", "\u00e9t\u00e9", "x" * 7, "y" * 8, "z" * 23]
+    columns = [
+        pa.array(rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)),
+        pa.array(
+            [None if i % 3 == 1 else int(v) for i, v in enumerate(rng.integers(-99, 99, n))], pa.int32()
+        ),
+        pa.array([words[i % len(words)] for i in range(n)]),
+        pa.array([bytes(rng.integers(0, 256, i % 17, dtype=np.uint8)) for i in range(n)], pa.binary()),
+    ]
+    for cols in ([columns[0]], [columns[2]], columns):
+        small = hash_primary_keys(cols)
+        monkeypatch.setattr(bloom, "_SCALAR_ROWS", 0)
+        assert hash_primary_keys(cols).tolist() == small.tolist()
+        monkeypatch.setattr(bloom, "_SCALAR_ROWS", 1 << 20)
+        assert hash_primary_keys(cols).tolist() == small.tolist()
+        monkeypatch.undo()
+    rows = list(zip(*(c.to_pylist() for c in columns), strict=True))
+    assert hash_primary_keys(columns).tolist() == ref_row_hashes(["int64", "int32", "utf8", "binary"], rows)
+
+
+def test_contains_reads_the_bits_insert_sets() -> None:
+    """`contains_hashes` (word reads of the hashed blocks) against the bit image of the whole filter."""
+    rng = np.random.default_rng(9)
+    bf = BloomFilter.empty()
+    bf.insert_hashes(rng.integers(0, 2**64, size=20_000, dtype=np.uint64))
+    probes = rng.integers(0, 2**64, size=5000, dtype=np.uint64)
+    image = np.unpackbits(np.frombuffer(bf.to_bytes(), np.uint8), bitorder="little").astype(bool)
+    want = image[bf._bit_index(probes)].all(axis=1)
+    assert 0 < want.sum() < len(probes)  # both answers occur
+    assert bf.contains_hashes(probes).tolist() == want.tolist()
 
 
 def test_insert_rule_by_hand() -> None:

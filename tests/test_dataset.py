@@ -722,14 +722,14 @@ class _GcDuringSnapshot(mw.MemWalTable):
     def __init__(self, uri: str) -> None:
         super().__init__(uri)
         self.collected = 0
-        refresh = self.table.refresh
+        sync = self.table.sync  # what take_snapshot calls to pin the base version
 
-        def refresh_then_collect() -> None:
-            refresh()
+        def sync_then_collect() -> None:
+            sync()
             if not self.collected:
                 self.collected = _merge_and_collect(uri)
 
-        self.table.refresh = refresh_then_collect  # type: ignore[method-assign]
+        self.table.sync = sync_then_collect  # type: ignore[method-assign]
 
 
 class _GcAfterPlanning(mw.MemWalTable):

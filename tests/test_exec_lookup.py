@@ -5,7 +5,8 @@ own `mem_wal_writer` (generations holding duplicates hidden by a deletion vector
 with `tests/reference.py::stored_rows`, which reads every level row by row.
 
 1. Keys in MemTables, in generations, only in the base, deleted in a newer level but present in the
-   base, absent; IN lists mixing them; with and without a btree index on the base key.
+   base, absent; IN lists mixing them; the base read through its key map, through a btree index and
+   through a plain filtered scan; the key map against a scan after merges, deletes and compaction.
 2. Composite (int64, utf8) keys, string keys (quotes, empty, non-ASCII), a spec on a non-key column.
 3. Native generations: `_pk_index` offsets are physical (deleted rows included), `_take_rows` takes
    them, `take()` does not.
@@ -33,6 +34,7 @@ from reference import stored_rows
 
 import memwal_df as mw
 from memwal_df import layout, pk_index
+from memwal_df.exec import take_last
 from memwal_df.exec._keys import key_filter
 from memwal_df.exec.base import ExecNode
 from memwal_df.exec.bloom_guard import BloomFilterGuardExec
@@ -40,7 +42,7 @@ from memwal_df.exec.coalesce_first import CoalesceFirstExec
 from memwal_df.exec.lookup_plan import plan_point_lookup
 from memwal_df.exec.take_last import TakeLastExec
 from memwal_df.exec.union import UnionExec
-from memwal_df.snapshot import Level, ReadSnapshot, take_snapshot
+from memwal_df.snapshot import GENERATIONS, Level, ReadSnapshot, take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("x", pa.float64())])
 
@@ -129,9 +131,16 @@ class Counter:
 # 1. every kind of key, with and without a btree index on the base key
 
 
-@pytest.mark.parametrize("btree", [False, True], ids=["no-index", "btree"])
-def test_lookup_across_levels(tmp_path: Path, btree: bool) -> None:
-    t = make_table(tmp_path / "t", btree=btree)
+def scan_the_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read base tables through a Lance scan, as for a base too large for a key map."""
+    monkeypatch.setattr(take_last, "MAX_MAPPED_BASE_ROWS", -1)
+
+
+@pytest.mark.parametrize("base", ["key map", "btree", "scan"])
+def test_lookup_across_levels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: str) -> None:
+    if base != "key map":
+        scan_the_base(monkeypatch)
+    t = make_table(tmp_path / "t", btree=base == "btree")
     with t.writer(max_memtable_rows=1000) as w:
         w.put(rows(range(10, 20), "g1"))
         w.flush()
@@ -180,7 +189,8 @@ def test_lookup_across_levels(tmp_path: Path, btree: bool) -> None:
     assert got == want
 
 
-def test_base_lookup_uses_btree_index(tmp_path: Path) -> None:
+def test_base_lookup_uses_btree_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scan_the_base(monkeypatch)
     indexed = make_table(tmp_path / "i", n_base=2000, btree=True)
     plain = make_table(tmp_path / "p", n_base=2000)
     keys = id_keys([5, 1500, 7777])
@@ -199,6 +209,7 @@ def test_base_lookup_uses_btree_index(tmp_path: Path) -> None:
 
 
 def test_base_scan_stops_when_every_key_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scan_the_base(monkeypatch)
     t = make_table(tmp_path / "t", n_base=0)
     ds = lance.write_dataset(rows(range(40_000), "b"), t.uri, mode="append", max_rows_per_file=1000)
     assert len(ds.get_fragments()) == 40
@@ -218,6 +229,93 @@ def test_base_scan_stops_when_every_key_is_found(tmp_path: Path, monkeypatch: py
     pulls.clear()
     assert TakeLastExec(ds, id_keys([3, 40_000]), ["v"], ["id"]).to_table().num_rows == 1
     assert pulls[-1] == "end"  # a missing key: the scan runs to its end
+
+
+def _base_rows_by_key(ds: lance.LanceDataset) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r for r in ds.to_table().to_pylist()}
+
+
+def _take_base(
+    ds: lance.LanceDataset, keys: list[int], key_type: pa.DataType | None = None
+) -> dict[int, Any]:
+    """Key -> row of the base rows TakeLastExec returns (checked: one per key, none a tombstone)."""
+    node = TakeLastExec(ds, pa.table({"id": pa.array(keys, key_type or pa.int64())}), ["v", "x"], ["id"])
+    out = [r for b in node.execute() for r in pa.Table.from_batches([b]).to_pylist()]
+    assert all(r.pop("_tombstone") is False for r in out)
+    got = {r["id"]: r for r in out}
+    assert len(got) == len(out)
+    return got
+
+
+@pytest.mark.parametrize("stable_row_ids", [False, True], ids=["row-addresses", "stable-row-ids"])
+def test_base_key_map_matches_scan_and_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stable_row_ids: bool
+) -> None:
+    """Every base version along deletes, upserts (rows move to new fragments) and a compaction: the
+    key map, a btree-indexed scan and a plain scan all return exactly the version's rows."""
+    import numpy as np
+
+    uri = str(tmp_path / "base")
+    lance.write_dataset(
+        rows(range(0, 3000, 3), "b"), uri, max_rows_per_file=250, enable_stable_row_ids=stable_row_ids
+    )
+    ds = lance.dataset(uri)
+
+    def deleted() -> None:
+        ds.delete("id % 7 = 0")
+
+    def upserted() -> None:
+        ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
+            rows(list(range(0, 600, 2)) + [5000, 5001], "u")
+        )
+
+    def compacted() -> None:
+        ds.optimize.compact_files(target_rows_per_fragment=800)
+
+    def indexed() -> None:
+        ds.create_scalar_index("id", "BTREE")
+
+    rng = np.random.default_rng(5)
+    builds: list[int] = []
+    real_build = take_last._KeyMap.build.__func__  # type: ignore[attr-defined]
+
+    def counted_build(cls: Any, d: lance.LanceDataset, column: str) -> Any:
+        builds.append(d.version)
+        return real_build(cls, d, column)
+
+    monkeypatch.setattr(take_last._KeyMap, "build", classmethod(counted_build))
+    for step in [None, deleted, upserted, indexed, compacted, upserted]:
+        if step is not None:
+            step()
+        ds = lance.dataset(uri)
+        model = _base_rows_by_key(ds)
+        pinned = lance.dataset(uri, version=ds.version)
+        key_sets = [rng.integers(-5, 5100, size=n).tolist() for n in (1, 1, 3, 40, 400)]
+        key_sets += [[0, 3, 3, 3], [5000, 5001, 7, 14], [-(2**63), 2**63 - 1]]
+        for keys in key_sets:
+            want = {k: model[k] for k in keys if k in model}
+            assert _take_base(pinned, keys) == want
+            assert _take_base(pinned, keys, pa.int32() if max(map(abs, keys)) < 2**31 else pa.int64()) == want
+        assert builds.count(ds.version) == 1  # one map per pinned dataset, reused by every lookup
+        with monkeypatch.context() as m:
+            scan_the_base(m)
+            scanned = lance.dataset(uri, version=ds.version)
+            for keys in key_sets:
+                assert _take_base(scanned, keys) == {k: model[k] for k in keys if k in model}
+        assert builds.count(ds.version) == 1
+
+
+def test_key_map_only_for_small_integer_keyed_bases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = make_table(tmp_path / "t", n_base=50)
+    assert take_last._base_key_map(t.dataset, ["id"]) is not None
+    assert "via key map" in TakeLastExec(t.dataset, id_keys([1]), ["v"], ["id"]).describe()
+    monkeypatch.setattr(take_last, "MAX_MAPPED_BASE_ROWS", 49)
+    again = lance.dataset(t.uri)  # the map belongs to a dataset object: a new one decides again
+    assert take_last._base_key_map(again, ["id"]) is None
+    assert "via filtered scan" in TakeLastExec(again, id_keys([1]), ["v"], ["id"]).describe()
+    assert _take_base(again, [1, 2, 99]) == {k: {"v": f"b{k}", "x": float(k), "id": k} for k in (1, 2)}
+    strings = mw.create_table(str(tmp_path / "s"), pa.table({"k": ["a", "b"], "v": ["x", "y"]}), "k")
+    assert take_last._base_key_map(strings.dataset, ["k"]) is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -636,7 +734,13 @@ def test_garbage_collected_generation_is_skipped(tmp_path: Path) -> None:
     (gen,) = snap.levels
     assert TakeLastExec(gen, id_keys([1]), ["v"], ["id"]).to_table().num_rows == 1
     shutil.rmtree(t2.storage.child_uri(gen.path or ""))
-    node = TakeLastExec(gen, id_keys([1, 2]), ["v"], ["id"])
+    # The readers that lookup opened still hold the files: the rows the snapshot lists come back.
+    kept = TakeLastExec(gen, id_keys([1, 2]), ["v"], ["id"]).to_table().to_pylist()
+    assert sorted((r["id"], r["v"]) for r in kept) == [(1, "g11"), (2, "g12")]
+    # Opened afresh (nothing cached), the collected generation holds nothing, without an error.
+    GENERATIONS.forget(gen.uri)
+    (fresh,) = take_snapshot(t2).levels  # still listed: nothing merged it
+    node = TakeLastExec(fresh, id_keys([1, 2]), ["v"], ["id"])
     assert list(node.execute()) == [] and node.method == "nothing (generation garbage-collected)"
 
 
@@ -673,7 +777,7 @@ def test_explain_tree(tmp_path: Path) -> None:
         assert "    TakeLastExec: memtable 2 of region " in text
         assert "    BloomFilterGuardExec: bf[region " in text and "][gen=1], keys=" in text
         assert "      TakeLastExec: generation 1 of region " in text and "via _pk_index" in text
-        assert f"TakeLastExec: base table v{snap.base.version}, via btree index id_idx on id" in text
+        assert f"TakeLastExec: base table v{snap.base.version}, via key map" in text
         for line in lines:
             assert line.strip() and "\n" not in line
         plan.to_table()

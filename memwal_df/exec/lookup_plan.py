@@ -21,6 +21,8 @@ Guarantees:
   key as well); otherwise every region gets every key. Within a key group the levels are asked newest
   first, region after region (a key lives in one region only), then the base table.
 * Keys routed to no region with unmerged levels are looked up in the base table in one go.
+* A point-lookup snapshot (`take_snapshot(keys=...)`) answers only the keys it was taken for; other
+  keys raise `RegionRoutingError` (their regions may be missing from it).
 * The result: one live row per key that exists, columns as requested, in the table's types; deleted
   and absent keys return nothing. Nothing is read before `execute()`.
 * Unflushed MemTables are not bloom-guarded (`Level.bloom()` has no filter for them; their lookup
@@ -34,8 +36,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_df.errors import SchemaMismatchError
-from memwal_df.exec._keys import TOMBSTONE, distinct_keys
+from memwal_df.errors import RegionRoutingError, SchemaMismatchError
+from memwal_df.exec._keys import TOMBSTONE, distinct_keys, encode_keys, member_mask
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.bloom_guard import BloomFilterGuardExec
 from memwal_df.exec.coalesce_first import CoalesceFirstExec
@@ -43,7 +45,7 @@ from memwal_df.exec.take_last import TakeLastExec
 from memwal_df.exec.union import UnionExec
 from memwal_df.region_spec import RegionSpec
 from memwal_df.schema import TableSchema, conform
-from memwal_df.snapshot import Level, ReadSnapshot, RegionLevels
+from memwal_df.snapshot import Level, ReadSnapshot, RegionLevels, key_region_values, may_hold
 
 __all__ = ["plan_point_lookup"]
 
@@ -68,12 +70,21 @@ def plan_point_lookup(
     out_columns = _output_columns(ts, columns)
     out_schema = pa.schema([ts.schema.field(c) for c in out_columns])
     keys = _conform_keys(ts, keys)
+    if snapshot.lookup_keys is not None and keys.num_rows:
+        held = encode_keys(snapshot.lookup_keys, pk)
+        if not member_mask(keys, pk, held).all():
+            raise RegionRoutingError(
+                "lookup of keys the snapshot was not taken for: a point-lookup snapshot holds only the "
+                "regions its keys route to (take_snapshot(keys=...))"
+            )
     base = snapshot.base
 
     def take_base(k: pa.Table) -> ExecNode:
         return TakeLastExec(base, k, out_columns, pk)
 
-    groups, base_only = _route(snapshot.regions, spec, field_ids, keys, pk)
+    # A lookup snapshot of one key holds just the regions that key may live in: nothing to route.
+    routed = snapshot.lookup_keys is not None and keys.num_rows == 1
+    groups, base_only = _route(snapshot.regions, None if routed else spec, field_ids, keys, pk)
     nodes: list[ExecNode] = []
     for regions, rows in groups:
         inputs = [_level_input(lv, out_columns, pk) for r in regions for lv in r.levels]
@@ -138,24 +149,21 @@ def _route(
         return [], []
     if not with_levels:
         return [], every
-    routable = spec is not None and spec.reads_only(field_ids[c] for c in primary_key if c in field_ids)
-    if not routable:
+    routes = key_region_values(spec, field_ids, primary_key, keys)
+    if routes is None:
         return [(with_levels, every)], []
     assert spec is not None
-    known: dict[tuple[Any, ...], list[int]] = {}
-    unknown: list[int] = []
-    for i, r in enumerate(with_levels):
-        if r.values is not None and r.spec_id == spec.spec_id:
-            known.setdefault(tuple(r.values), []).append(i)
-        else:
-            unknown.append(i)
-    values = [v.to_pylist() for v in spec.evaluate(keys, field_ids)]
+    rows_by_value: dict[tuple[Any, ...], list[int]] = {}
+    for row, value in enumerate(routes):
+        rows_by_value.setdefault(value, []).append(row)
     by_regions: dict[tuple[int, ...], list[int]] = {}
-    for row, value in enumerate(zip(*values, strict=True)):
-        targets = tuple(known.get(value, ())) + tuple(unknown)
-        by_regions.setdefault(targets, []).append(row)
-    groups = [([with_levels[i] for i in targets], rows) for targets, rows in by_regions.items() if targets]
-    return groups, by_regions.get((), [])
+    for value, rows in rows_by_value.items():
+        targets = tuple(i for i, r in enumerate(with_levels) if may_hold(spec, (value,), r.spec_id, r.values))
+        by_regions.setdefault(targets, []).extend(rows)
+    groups = [
+        ([with_levels[i] for i in targets], sorted(rows)) for targets, rows in by_regions.items() if targets
+    ]
+    return groups, sorted(by_regions.get((), []))
 
 
 def _level_input(level: Level, columns: list[str], primary_key: list[str]) -> Callable[[pa.Table], ExecNode]:

@@ -7,27 +7,36 @@ Guarantees:
 * Output columns: the requested columns, then the key columns not requested, then `_tombstone`.
   Base-table rows get `_tombstone = false` (the base table holds live rows only).
 * A generation that was garbage-collected (its directory is gone, before or while it is read) holds
-  nothing; that is not an error (spec: its rows are in the base table already).
+  nothing; that is not an error (spec: its rows are in the base table already). Readers kept open
+  from an earlier lookup (see `_fragment_take`) may still read a collected generation's local files:
+  they return its rows, which is what the snapshot that lists the generation holds.
 
 How each level is read:
 
 * flushed generation: the generation's `_pk_index` (sorted keys with the row offset of every row in
-  fragment 0, dedup-deleted rows included) gives the newest offset per key; those rows are taken by
-  row address (`LanceDataset._take_rows`, which takes physical offsets in fragment 0 and drops rows a
-  deletion vector hides; `take()` and `LanceFragment.take()` count only visible rows, so they cannot
-  be fed index offsets). The index is read once per `Level` object. A generation without a usable
-  index (none, or not one fragment 0 of the indexed size) is scanned with a key filter instead and the
-  row with the largest row address per key is kept.
+  fragment 0, dedup-deleted rows included) gives the newest offset per key. Without a deletion
+  vector (memwal_df's generations) offsets are visible offsets and the rows are taken through a kept
+  `FragmentSession`; with one (native generations) by row address (`LanceDataset._take_rows`, which
+  takes physical offsets in fragment 0 and drops rows a deletion vector hides; `take()` and
+  `LanceFragment.take()` count only visible rows, so they cannot be fed index offsets). The index is
+  read once per process (`snapshot.GENERATIONS`). A generation without a usable index (none, or not
+  one fragment 0 of the indexed size) is scanned with a key filter instead and the row with the
+  largest row address per key is kept.
 * unflushed MemTable: vectorized membership test on the key columns (the copy is newest-per-key).
-* base table: a scan with `key IN (...)` pushed into Lance, which answers it from a scalar index on
-  the key (btree, bitmap) when there is one; the scan stops once every key is found (the base holds
-  each key once).
+* base table with a one-column integer key and at most `MAX_MAPPED_BASE_ROWS` rows: a key map of
+  the pinned base version (sorted keys with each row's fragment and visible offset, 16 bytes per row,
+  built from one scan of the key column the first time that dataset object is looked up in, dropped
+  with it) finds the rows, taken through kept `FragmentSession`s. Absent keys cost no read at all.
+* any other base table: a scan with `key IN (...)` pushed into Lance, which answers it from a scalar
+  index on the key (btree, bitmap) when there is one; the scan stops once every key is found (the
+  base holds each key once).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import lance
 import numpy as np
@@ -36,6 +45,7 @@ import pyarrow.compute as pc
 
 from memwal_df import pk_index
 from memwal_df.errors import NotFoundError
+from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec._keys import (
     TOMBSTONE,
     encode_keys,
@@ -56,6 +66,7 @@ _ROWADDR = "_rowaddr"
 class _PkIndex:
     values: pa.Array  # sorted keys (composite keys encoded)
     ids: np.ndarray  # uint64 row offsets in fragment 0, aligned with values
+    visible_is_physical: bool  # fragment 0 has no deletion vector: offsets are `take` offsets
 
 
 def level_label(level: Level) -> str:
@@ -77,7 +88,7 @@ def _load_pk_index(level: Level, ds: lance.LanceDataset) -> _PkIndex | None:
     physical_rows = fragments[0].metadata.physical_rows
     if len(ids) != physical_rows or (len(ids) and int(ids.max()) >= physical_rows):
         return None  # not this fragment's index
-    return _PkIndex(values, ids)
+    return _PkIndex(values, ids, fragments[0].metadata.deletion_file is None)
 
 
 def _generation_gone(level: Level) -> bool:
@@ -132,8 +143,7 @@ class TakeLastExec(ExecNode):
             if isinstance(self.source, Level):
                 self.method = "_pk_index" if self.source.kind == "generation" else "key hash match"
             else:
-                index = _index_on_key(self.source, self.primary_key)
-                self.method = index if index is not None else "filtered scan"
+                self.method = _base_method(self.source, self.primary_key)
         return f"TakeLastExec: {self.source_label}, via {self.method}, keys={self.keys.num_rows}"
 
     # ------------------------------------------------------------------ execution
@@ -193,8 +203,10 @@ class TakeLastExec(ExecNode):
         columns = [*self.columns, TOMBSTONE]
         if len(offsets) == 0:
             return pa.Table.from_batches([], schema=_project(ds.schema, columns))
-        # Fragment 0 and no stable row ids: a row address is the physical offset.
-        taken = ds._take_rows(pa.array(offsets, pa.uint64()), columns=columns)
+        if index.visible_is_physical:
+            taken = _fragment_take(ds, 0, offsets, columns)
+        else:  # fragment 0, no stable row ids: a row address is the physical offset
+            taken = ds._take_rows(pa.array(offsets, pa.uint64()), columns=columns)
         if taken.num_rows != len(offsets) or not member_mask(taken, self.primary_key, encoded).all():
             return None  # a newest row is hidden by a deletion vector, or the index is not this data's
         return taken
@@ -211,6 +223,19 @@ class TakeLastExec(ExecNode):
         return last_per_key(table, self.primary_key, order).drop_columns([_ROWADDR])
 
     def _base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
+        key_map = _base_key_map(ds, self.primary_key)
+        if key_map is not None:
+            taken = key_map.take(ds, self.keys.column(0), self.columns)
+            if taken is not None:
+                self.method = "key map"
+                if taken.num_rows:
+                    self.rows_out += taken.num_rows
+                    yield from (b for b in _live(taken).to_batches() if b.num_rows)
+                return
+            self.method = "filtered scan (the key map does not apply to these keys)"
+        yield from self._scan_base(ds)
+
+    def _scan_base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
         unfound = encode_keys(self.keys, self.primary_key)
         scanner = ds.scanner(columns=self.columns, filter=key_filter(self.keys, self.primary_key))
         for batch in scanner.to_batches():
@@ -223,12 +248,116 @@ class TakeLastExec(ExecNode):
             rows = _first_per_key(rows, self.primary_key)
             found = encode_keys(rows, self.primary_key).cast(unfound.type)
             unfound = unfound.filter(pc.invert(pc.is_in(unfound, value_set=found)))
-            flag = pa.array(np.zeros(rows.num_rows, dtype=bool), pa.bool_())
-            out = rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
+            out = _live(rows)
             self.rows_out += out.num_rows
             yield from (b for b in out.to_batches() if b.num_rows)
             if len(unfound) == 0:
                 return  # every key found: the base holds each key once
+
+
+def _live(rows: pa.Table) -> pa.Table:
+    """Base-table rows with `_tombstone = false` appended."""
+    flag = pa.array(np.zeros(rows.num_rows, dtype=bool), pa.bool_())
+    return rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
+
+
+_MAX_SESSIONS = 64  # per dataset object: one per fragment and column list in use
+_sessions: PerObjectCache[lance.LanceDataset, dict[tuple[int, tuple[str, ...]], Any]] = PerObjectCache()
+
+
+def _fragment_take(
+    ds: lance.LanceDataset, fragment_id: int, offsets: np.ndarray, columns: Sequence[str]
+) -> pa.Table:
+    """The rows at `offsets` (strictly increasing) among the visible rows of fragment `fragment_id`,
+    read through a `FragmentSession` kept per dataset object, fragment and column list (it keeps the
+    file readers open: a take costs about half of `_take_rows`)."""
+    sessions = _sessions.get(ds, dict)
+    key = (fragment_id, tuple(columns))
+    session = sessions.get(key)
+    if session is None:
+        if len(sessions) >= _MAX_SESSIONS:
+            sessions.clear()
+        session = sessions[key] = ds.get_fragment(fragment_id).open_session(list(columns))
+    return session.take(pa.array(offsets, pa.uint64()))
+
+
+@dataclass(frozen=True)
+class _KeyMap:
+    """Every key of one base version, sorted, with where its row is: the fragment and the row's
+    offset among the fragment's visible rows (what `LanceFragment.take` takes)."""
+
+    column: str
+    keys: np.ndarray
+    fragments: np.ndarray  # fragment id per key
+    offsets: np.ndarray  # visible offset per key
+    key_type: pa.DataType
+
+    @classmethod
+    def build(cls, ds: lance.LanceDataset, column: str) -> _KeyMap:
+        t = ds.to_table(columns=[column], with_row_address=True)
+        address = t.column(_ROWADDR).to_numpy()
+        fragments = (address >> np.uint64(32)).astype(np.uint32)
+        # A row's visible offset: its rank among the visible rows of its fragment, by address.
+        by_address = np.argsort(address, kind="stable")
+        sorted_fragments = fragments[by_address]
+        offsets = np.empty(len(address), np.uint32)  # a fragment has fewer than 2^32 rows
+        offsets[by_address] = np.arange(len(address)) - np.searchsorted(sorted_fragments, sorted_fragments)
+        keys = t.column(column).to_numpy()
+        order = np.argsort(keys, kind="stable")
+        return cls(column, keys[order], fragments[order], offsets[order], t.schema.field(column).type)
+
+    def take(self, ds: lance.LanceDataset, wanted: pa.ChunkedArray, columns: list[str]) -> pa.Table | None:
+        """The rows of the `wanted` keys (NULLs match nothing), `columns` including the key column;
+        None when the keys are not of the map's type or the rows taken are not the rows mapped (then
+        the caller scans)."""
+        if wanted.type != self.key_type:
+            return None
+        probe = pc.drop_null(wanted).to_numpy()
+        if len(self.keys) == 0 or len(probe) == 0:
+            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+        pos = np.minimum(np.searchsorted(self.keys, probe), len(self.keys) - 1)
+        hits = np.unique(pos[self.keys[pos] == probe])
+        if len(hits) == 0:
+            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+        parts = [
+            _fragment_take(ds, int(f), np.sort(self.offsets[hits[self.fragments[hits] == f]]), columns)
+            for f in np.unique(self.fragments[hits])
+        ]
+        taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        got = np.sort(taken.column(self.column).to_numpy())
+        return taken if np.array_equal(got, self.keys[hits]) else None
+
+
+MAX_MAPPED_BASE_ROWS = 4_000_000
+_NOT_MAPPED = object()
+_base_key_maps: PerObjectCache[lance.LanceDataset, object] = PerObjectCache()
+
+
+def _mappable(ds: lance.LanceDataset, primary_key: Sequence[str]) -> bool:
+    return (
+        len(primary_key) == 1
+        and pa.types.is_integer(ds.schema.field(primary_key[0]).type)
+        and ds.count_rows() <= MAX_MAPPED_BASE_ROWS
+    )
+
+
+def _base_method(ds: lance.LanceDataset, primary_key: Sequence[str]) -> str:
+    """How a lookup in this base table runs, as `describe()` names it."""
+    if _mappable(ds, primary_key):
+        return "key map"
+    index = _index_on_key(ds, primary_key)
+    return index if index is not None else "filtered scan"
+
+
+def _base_key_map(ds: lance.LanceDataset, primary_key: Sequence[str]) -> _KeyMap | None:
+    """The key map of this base dataset object (a pinned version), built on first use; None when the
+    base is not mapped (see the module docstring)."""
+
+    def build() -> object:
+        return _KeyMap.build(ds, primary_key[0]) if _mappable(ds, primary_key) else _NOT_MAPPED
+
+    found = _base_key_maps.get(ds, build)
+    return found if isinstance(found, _KeyMap) else None
 
 
 def _first_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
