@@ -90,6 +90,7 @@ def write_generation(
         _write_with_field_ids(data, uri, ids, data_storage_version, options)
     storage.put(f"{rel}/{layout.BLOOM_FILTER_FILE}", memtable.bloom.to_bytes())
     write_pk_index(uri, [data.column(c) for c in memtable.primary_key], storage.storage_options or None)
+    storage.sync_tree(rel)  # durable before any manifest names it
     return pb.SsTable(
         generation=memtable.generation,
         path=dir_name,

@@ -156,6 +156,10 @@ class Storage(ABC):
     def child_uri(self, path: str) -> str:
         """URI of `path` under the root, for pylance (use it with `self.storage_options`)."""
 
+    @abstractmethod
+    def sync_tree(self, prefix: str) -> None:
+        """Make everything under `prefix` durable, files written by others (pylance) included."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
 
@@ -341,6 +345,24 @@ class LocalStorage(Storage):
                 os.close(dfd)
         except OSError as e:
             raise self._error("put", path, e) from e
+
+    def sync_tree(self, prefix: str) -> None:
+        """fsync every file and directory under `prefix`, then `prefix`'s own entry in its parent:
+        pylance writes local files without fsync, and a manifest must never name a generation that
+        a power loss could take back."""
+        top = self._dir_of(prefix)
+        try:
+            for directory, _, files in os.walk(top):
+                for name in files:
+                    fd = os.open(os.path.join(directory, name), os.O_RDONLY | _O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                _fsync_dir(directory)
+            _fsync_dir(os.path.dirname(top))
+        except OSError as e:
+            raise self._error("sync", prefix, e) from e
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -657,6 +679,9 @@ class ObjectStorage(Storage):
             obs.put(self.store, key, _as_bytes(data), use_multipart=False)
         except Exception as e:
             raise self._error("put", path, e) from e
+
+    def sync_tree(self, prefix: str) -> None:
+        """Nothing to do: a PUT is durable when it returns."""
 
     def get(self, path: str) -> bytes:
         key = self._key(path)

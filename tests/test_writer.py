@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import lance
@@ -312,3 +313,30 @@ def test_empty_writes_write_nothing(table):
         tw.put(rows([]))
         tw.delete([])
     assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([9]))
+
+
+def test_generation_files_are_durable_before_a_manifest_names_them(tmp_path, monkeypatch):
+    """pylance writes local files without fsync: the flush fsyncs every file and directory of the
+    generation (and its entry in the region directory) before the manifest commit that lists it."""
+    table = mw.create_table(str(tmp_path / "t"), rows([1]), "id", region_spec=mw.unsharded())
+    events: list[tuple[str, object]] = []
+    real_fsync, real_commit = os.fsync, RegionManifestStore.commit
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def commit(self, m):
+        events.append(("commit", [s.path for s in m.sstables]))
+        return real_commit(self, m)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(RegionManifestStore, "commit", commit)
+    with table.writer() as w:
+        w.put(rows(range(10, 50)))
+    first = next(i for i, (kind, v) in enumerate(events) if kind == "commit" and v)
+    (rid,) = table.region_ids()
+    gen_dir = tmp_path / "t" / layout.generation_path(rid, events[first][1][0])
+    synced = {p for kind, p in events[:first] if kind == "fsync"}
+    on_disk = {str(p) for p in gen_dir.rglob("*")} | {str(gen_dir), str(gen_dir.parent)}
+    assert len(on_disk) > 5 and on_disk <= synced, sorted(on_disk - synced)
