@@ -201,12 +201,14 @@ class Level:
 
 @dataclass
 class RegionLevels:
-    """The unmerged levels of one region, newest first."""
+    """The unmerged levels of one region, newest first; `merged`: the generations still listed in its
+    manifest that are merged into the pinned base, newest first (read only by index catch-up plans)."""
 
     region_id: uuid.UUID
     spec_id: int
     values: tuple[Any, ...] | None
     levels: list[Level]
+    merged: list[Level] = field(default_factory=list)
 
 
 @dataclass
@@ -218,6 +220,7 @@ class ReadSnapshot:
     details: pb.MemWalIndexDetails
     regions: list[RegionLevels]
     consistency: str
+    storage: Storage  # the table's: older base manifests are read through it
 
     @property
     def levels(self) -> list[Level]:
@@ -266,15 +269,16 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None) -> ReadSnapsh
             Level("memtable", region_id, gen, storage, table=t)
             for gen, t in reversed(memtables.get(region_id, []))
         ]
-        flushed = sorted((s for s in m.sstables if s.generation > floor), key=lambda s: -s.generation)
-        levels += [
+        flushed = [
             Level(
                 "generation", region_id, s.generation, storage, path=layout.generation_path(region_id, s.path)
             )
-            for s in flushed
+            for s in sorted(m.sstables, key=lambda s: -s.generation)
         ]
-        regions.append(RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels))
-    return ReadSnapshot(table.schema, base, table.details, regions, "latest")
+        levels += [lv for lv in flushed if lv.generation > floor]
+        done = [lv for lv in flushed if lv.generation <= floor]  # merged, still listed
+        regions.append(RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels, done))
+    return ReadSnapshot(table.schema, base, table.details, regions, "latest", storage)
 
 
 _POOL: ThreadPoolExecutor | None = None

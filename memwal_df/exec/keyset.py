@@ -45,14 +45,12 @@ class KeySet:
         t = key_type or keys.type
         self.type = t
         if _is_int(t):
-            self._sorted: np.ndarray | None = _sorted_unique(
-                keys.to_numpy(zero_copy_only=False).astype(np.int64)
-            )
+            self._sorted: np.ndarray | None = _sorted_unique(_as_int64(keys))
             self._values: pa.Array | None = None
             self.size = len(self._sorted)
         else:
             self._sorted = None
-            self._values = pc.unique(keys) if len(keys) else pa.array([], t)
+            self._values = pc.unique(keys.cast(t)) if len(keys) else pa.array([], t)
             self.size = len(self._values)
 
     @classmethod
@@ -62,6 +60,26 @@ class KeySet:
             return cls(pa.array([], key_type), key_type)
         return cls(pa.concat_arrays([a.cast(key_type) for a in arrays]), key_type)
 
+    @classmethod
+    def merge(cls, sets: Sequence[KeySet], key_type: pa.DataType) -> KeySet:
+        """The union of several sets, reusing their sorted arrays (integer keys: a merge of sorted runs)."""
+        nonempty = [s for s in sets if len(s)]
+        if len(nonempty) == 1 and nonempty[0].type == key_type:
+            return nonempty[0]
+        if _is_int(key_type):
+            out = cls(pa.array([], key_type), key_type)
+            out._sorted = _merge_sorted([s._sorted for s in nonempty if s._sorted is not None])
+            out.size = len(out._sorted)
+            return out
+        return cls.union([s.to_array() for s in nonempty], key_type)
+
+    def add(self, keys: pa.Array) -> KeySet:
+        """A new set holding this one's keys and `keys` (this one is unchanged). Integer keys: a merge of
+        two sorted runs, linear in the set's size, so adding level after level costs no re-sort."""
+        if len(keys) == 0:
+            return self
+        return KeySet.merge([self, KeySet(keys, self.type)], self.type)
+
     def __len__(self) -> int:
         return self.size
 
@@ -70,7 +88,7 @@ class KeySet:
         if self.size == 0 or len(keys) == 0:
             return np.zeros(len(keys), dtype=bool)
         if self._sorted is not None:
-            probe = keys.to_numpy(zero_copy_only=False).astype(np.int64)
+            probe = _as_int64(keys)
             pos = np.searchsorted(self._sorted, probe)
             pos[pos == len(self._sorted)] = 0
             return self._sorted[pos] == probe
@@ -82,3 +100,23 @@ class KeySet:
             return pa.array(self._sorted, pa.int64()).cast(self.type)
         assert self._values is not None
         return self._values
+
+
+def _as_int64(keys: pa.Array) -> np.ndarray:
+    return keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _merge_sorted(runs: Sequence[np.ndarray]) -> np.ndarray:
+    """Sorted distinct values of several sorted, distinct arrays. Two runs: the shorter is inserted into
+    the longer at its `searchsorted` positions (linear in their sizes); more: one sort."""
+    if not runs:
+        return np.empty(0, np.int64)
+    if len(runs) == 1:
+        return runs[0]
+    if len(runs) == 2:
+        big, small = sorted(runs, key=len, reverse=True)
+        pos = np.searchsorted(big, small)
+        present = big[np.minimum(pos, len(big) - 1)] == small
+        return np.insert(big, pos[~present], small[~present])
+    merged = np.sort(np.concatenate(runs))
+    return merged[np.r_[True, merged[1:] != merged[:-1]]]
