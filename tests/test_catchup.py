@@ -104,7 +104,7 @@ def test_index_behind_merges_reads_the_gap_generations_instead(tmp_path):
             assert scanned == {0}  # the fragment the indexes were built on; the others hold gap rows
             assert gap == merged_gens(lsm)
         plan = explain(lsm)
-        assert "v_idx is behind: generations" in plan and "merged, not in v_idx [" in plan, plan
+        assert "v_idx is behind: generations" in plan and "then merged, not in v_idx: [" in plan, plan
         check_both_views(lsm, queries_for(INT))
     finally:
         lsm.abort()

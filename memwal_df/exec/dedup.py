@@ -92,11 +92,11 @@ class DeduplicateExec(ExecNode):
     def describe(self) -> str:
         names = [f"{lv.kind[0]}{lv.generation}" for lv in self.region.levels]
         split = len(names) - self.gap
-        gens = ", ".join(names[:split])
+        line = f"DeduplicateExec: region {self.region.region_id} levels=[{', '.join(names[:split])}]"
         if self.gap:
-            gens += f"] + merged, not in {self.gap_index} [{', '.join(names[split:])}"
+            line += f" then merged, not in {self.gap_index}: [{', '.join(names[split:])}]"
         f = "" if self.filter is None else f", filter={self.filter}"
-        return f"DeduplicateExec: region {self.region.region_id} levels=[{gens}] (newest first){f}"
+        return f"{line} (newest first){f}"
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         needed = list(dict.fromkeys([*self.columns, *self.primary_key, TOMBSTONE]))
