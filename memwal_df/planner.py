@@ -1,8 +1,9 @@
 """The query planner: from a read snapshot and the pushed filter to one operator tree per partition.
 
 Scan plan (spec "Query Planning"): region pruning from the filter through each region-spec transform's
-`project`, then one `DeduplicateExec` per remaining region with levels, and the base table split into
-partitions of Lance fragments, each an `AntiJoinScanExec` that drops keys held by any newer level.
+`project`, then one `DeduplicateExec` per remaining region with levels, and the base table cut into
+one `_rowaddr` span per core (a large fragment is split across spans, so one big base fragment is
+still read in parallel), each an `AntiJoinScanExec` that drops keys held by any newer level.
 The key set of the newer levels is built once per query, on first use, from the same per-region
 `LevelKeys` the `DeduplicateExec`s grow, and shared by the partitions.
 
@@ -27,13 +28,16 @@ import pyarrow as pa
 
 from memwal_df.catchup import Coverage, index_coverage
 from memwal_df.exec.base import ExecNode
-from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys
+from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys, base_spans
 from memwal_df.exec.keyset import KeySet
 from memwal_df.exec.union import UnionExec
 from memwal_df.region_spec import RegionSpec
 from memwal_df.snapshot import ReadSnapshot, RegionLevels
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
+
+MIN_SPAN_ROWS = 65_536
+"""Base partitions are not cut smaller: a Lance scan costs ~1 ms to start."""
 
 
 @dataclass
@@ -113,23 +117,20 @@ def plan_scan(
         )
         for k in keys
     ]
-    if plan is not None:
-        fragment_ids = plan.scanned
-    else:
-        fragment_ids = [f.fragment_id for f in snapshot.base.get_fragments()]
+    scanned = None if plan is None else set(plan.scanned)
+    fragments = [
+        (f.fragment_id, f.metadata.physical_rows)
+        for f in snapshot.base.get_fragments()
+        if scanned is None or f.fragment_id in scanned
+    ]
     note = _note(coverage)
-    n = max(1, min(len(fragment_ids), partitions or (os.cpu_count() or 1)))
-    for i in range(n):
-        ids = fragment_ids[i::n]
-        if ids:
-            out.append(
-                Partition(
-                    f"base fragments {ids}",
-                    lambda cols, ids=ids: AntiJoinScanExec(
-                        snapshot.base, ids, pk, cols, filter, shadow, note
-                    ),
-                )
+    for span in base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS):
+        out.append(
+            Partition(
+                f"base {span.describe()}",
+                lambda cols, span=span: AntiJoinScanExec(snapshot.base, span, pk, cols, filter, shadow, note),
             )
+        )
     if not out:  # DataFusion's plans need at least one partition (a sort over none is rejected)
         out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out
