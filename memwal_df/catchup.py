@@ -115,6 +115,9 @@ def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str]) -> Coverage |
             notes.append(f"{index.name} does not cover fragments {id_ranges(unindexed)} ({proof.reason})")
             continue
         gap = _gap_levels(snapshot, proof.gap)
+        if (missing := _missing(gap, proof.gap)) is not None:  # collected since the proof was cached
+            notes.append(f"{index.name} does not cover fragments {id_ranges(unindexed)} ({missing})")
+            continue
         scanned = sorted(set(fragments) & index.covered)
         plan = CatchupPlan(index.name, scanned, unindexed, gap)
         return Coverage(plan, f"{index.name} is behind: {proof.reason}")
