@@ -84,3 +84,20 @@ def test_string_key_sets_grown_level_by_level_equal_the_union(parts):
     for p in parts:
         grown = grown.add(pa.array(p, pa.string()))
     assert sorted(grown.to_array().to_pylist()) == sorted({k for p in parts for k in p})
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.integers(1024, 5000),
+    spread=st.sampled_from([1, 3, 15, 17, 1000]),  # dense (lookup table) and sparse (searchsorted)
+    offset=st.sampled_from([0, -(2**63), 2**63 - 100_000_000, -12345]),
+)
+def test_large_integer_key_sets_probe_exactly(seed, size, spread, offset):
+    rng = np.random.default_rng(seed)
+    keys = offset + rng.choice(size * spread, size, replace=False).astype(np.int64)
+    s = KeySet(pa.array(keys[: size // 2])).add(pa.array(keys[size // 2 :]))
+    probe = np.concatenate(
+        [keys[:50], keys[:50] + 1, keys[:50] - 1, rng.integers(-(2**63), 2**63 - 1, 50, dtype=np.int64)]
+    )
+    probe = np.concatenate([probe, np.array([-(2**63), 2**63 - 1], dtype=np.int64)])
+    assert s.contains(pa.array(probe)).tolist() == np.isin(probe, keys).tolist()
