@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from memwal_df import memwal_index
+from memwal_df.errors import MemWalError
 from memwal_df.exec.dedup import id_ranges
 from memwal_df.exec.keyset import KeySet, key_array
 from memwal_df.snapshot import Level, ReadSnapshot, _GenerationCache
@@ -109,7 +110,7 @@ def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str]) -> Coverage |
             return Coverage(None, f"{index.name} covers every base fragment")
         what = f"catch-up proof at v{snapshot.base.version} for {index.segments}"
         proof: _Proof = _FACTS.get(
-            snapshot.base.uri, what, lambda i=index, u=unindexed: _prove(snapshot, i, u)
+            snapshot.base.uri, what, lambda i=index, u=unindexed: _prove_or_explain(snapshot, i, u)
         )
         if proof.gap is None:
             notes.append(f"{index.name} does not cover fragments {id_ranges(unindexed)} ({proof.reason})")
@@ -135,6 +136,13 @@ def _scalar_indexes(base: lance.LanceDataset) -> list[_Index]:
         uuids = tuple(sorted(str(s.uuid) for s in d.segments))
         out.append(_Index(d.name, d.field_names[0], covered, built, uuids))
     return out
+
+
+def _prove_or_explain(snapshot: ReadSnapshot, index: _Index, unindexed: list[int]) -> _Proof:
+    try:
+        return _prove(snapshot, index, unindexed)
+    except (MemWalError, OSError, ValueError) as e:  # e.g. versions since the index was built cleaned up
+        return _Proof(None, f"the base history since v{index.built_from} cannot be read: {e}")
 
 
 def _prove(snapshot: ReadSnapshot, index: _Index, unindexed: list[int]) -> _Proof:

@@ -11,6 +11,7 @@ fragments the index does not cover are scanned or not, and why.
 
 from __future__ import annotations
 
+import datetime
 import shutil
 from typing import Any
 
@@ -232,6 +233,16 @@ def test_collected_gap_generation_falls_back(tmp_path):
     lsm = merged_history(tmp_path)
     assert gc_merged(lsm.table)
     assert_plain_plan(lsm, "garbage-collected")
+    check_against_model(lsm)
+
+
+def test_history_cleaned_up_falls_back(tmp_path):
+    """Old versions removed (`cleanup_old_versions`): the commits since the index was built cannot be
+    checked any more."""
+    lsm = merged_history(tmp_path)
+    ds = lance.dataset(lsm.uri)
+    ds.cleanup_old_versions(older_than=datetime.timedelta(0), delete_unverified=True)
+    assert_plain_plan(lsm, "cannot be read")
     check_against_model(lsm)
 
 
