@@ -95,7 +95,9 @@ def plan_scan(
     column_predicates: dict[str, list[Any]],
     partitions: int | None = None,
 ) -> list[Partition]:
-    """Partitions of a scan: one per region with levels to read, then the base table's fragments."""
+    """Partitions of a scan: one per region with levels to read (with its gap generations when the
+    base is read through a behind index), then up to `partitions` (default: one per core) spans of the
+    base table's rows."""
     pk = snapshot.schema.primary_key
     ktype = key_type(snapshot)
     coverage = index_coverage(snapshot, column_predicates) if column_predicates else None
