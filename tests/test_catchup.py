@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from merge_helper import gc_merged, merge_all, merge_region
+from merge_helper import flushed_generations, gc_merged, merge_all, merge_region
 from test_dataset import (
     INT,
     INT_TRUNCATE,
@@ -47,6 +47,17 @@ FILTER = pc.field("v") < 40
 def index(lsm: Lsm, column: str, kind: str = "BTREE") -> None:
     lance.dataset(lsm.uri).create_scalar_index(column, kind)
     lsm.table.refresh()
+
+
+def index_generations(lsm: Lsm, column: str = "v") -> None:
+    """A btree on `column` in every flushed generation that has none, as Lance's writer builds the
+    maintained indexes into a generation (memwal_df's writer builds only the `_pk_index`)."""
+    for region_id in lsm.table.region_ids():
+        for _, path in flushed_generations(lsm.table, region_id):
+            if lsm.table.storage.list_dir(path):
+                ds = lance.dataset(lsm.table.storage.child_uri(path))
+                if not any(column in d.field_names for d in ds.describe_indices()):
+                    ds.create_scalar_index(column, "BTREE")
 
 
 def explain(lsm: Lsm, flt: Any = FILTER) -> str:
@@ -85,6 +96,8 @@ def behind(tmp_path: Any, base: bool = True) -> Lsm:
     stage_memtable(lsm)
     lsm.flush()
     merge_region(lsm.table, lsm.table.region_ids()[0])
+    index_generations(lsm, "v")
+    index_generations(lsm, "cat")
     lsm.put_values([1, 2, 50, 70], lambda i: float(i) + 0.5)
     return lsm
 
@@ -160,6 +173,7 @@ def test_pruned_regions_read_no_gap_generation(tmp_path):
         stage_gen1(lsm)
         lsm.flush()
         merge_all(lsm.table)
+        index_generations(lsm, "id")
         scanned, gap = planned(lsm, (pc.field("id") >= 40) & (pc.field("id") < 44))
         assert scanned == {0} and len({r for r, _ in gap}) == 1 and len(merged_gens(lsm)) > 1
         queries = ["SELECT * FROM {t} WHERE id >= 40 AND id < 44", "SELECT * FROM {t} WHERE id < 5"]
@@ -189,7 +203,7 @@ def check_against_model(lsm: Lsm) -> None:
         assert got.to_pylist() == want.to_pylist(), flt
 
 
-def merged_history(tmp_path: Any, maintained: list[str] | None = None) -> Lsm:
+def merged_history(tmp_path: Any, maintained: list[str] | None = None, index_gens: bool = True) -> Lsm:
     lsm = Lsm(str(tmp_path / "t"), INT, base_rows(INT))
     if maintained is not None:  # the table again, with an explicit maintained-index list
         shutil.rmtree(lsm.uri)
@@ -203,6 +217,8 @@ def merged_history(tmp_path: Any, maintained: list[str] | None = None) -> Lsm:
     stage_gen2(lsm)
     lsm.close()
     merge_all(lsm.table)
+    if index_gens:
+        index_generations(lsm)
     return lsm
 
 
@@ -224,6 +240,13 @@ def test_delete_outside_the_memwal_falls_back(tmp_path):
         lsm.model.pop(k, None)
         lsm.flushed.pop(k, None)
     assert_plain_plan(lsm, "live rows, the gap generations")
+    check_against_model(lsm)
+
+
+def test_gap_generations_without_an_index_fall_back(tmp_path):
+    """Without an index on the column a gap generation would be scanned whole: the plain plan is cheaper."""
+    lsm = merged_history(tmp_path, index_gens=False)
+    assert_plain_plan(lsm, "has no index on v")
     check_against_model(lsm)
 
 
@@ -310,13 +333,16 @@ def test_random_histories_match_the_model(tmp_path_factory, ops):
                 lsm.delete(ids)
             elif op == "flush":
                 lsm.flush()
+                index_generations(lsm)
             elif op == "catch up":
                 lance.dataset(lsm.uri).optimize.optimize_indices()
             elif op == "merge":
                 lsm.flush()
+                index_generations(lsm)
                 merge_all(lsm.table)
             else:  # merge one region: catch-up gaps differ between regions
                 lsm.flush()
+                index_generations(lsm)
                 for region in lsm.table.region_ids()[:1]:
                     merge_region(lsm.table, region)
             table = mw.MemWalTable(lsm.uri)
