@@ -1,9 +1,16 @@
 """The query planner: from a read snapshot and the pushed filter to one operator tree per partition.
 
 Scan plan (spec "Query Planning"): region pruning from the filter through each region-spec transform's
-`project`, then one `DeduplicateExec` per remaining region with levels, and the base table split into
-partitions of Lance fragments, each an `AntiJoinScanExec` that drops keys held by any newer level.
-The key set of the newer levels is built once per query, on first use, and shared by the partitions.
+`project`, then one `DeduplicateExec` per remaining region with levels, and the base table cut into
+one `_rowaddr` span per core (a large fragment is split across spans, so one big base fragment is
+still read in parallel), each an `AntiJoinScanExec` that drops keys held by any newer level.
+The key set of the newer levels is built once per query, on first use, from the same per-region
+`LevelKeys` the `DeduplicateExec`s grow, and shared by the partitions.
+
+Indexed read plan (spec "Indexed Read Plan"): when the filter constrains a column that has a base
+scalar index and the index is behind the merges, `memwal_df.catchup` may prove that the fragments it
+does not cover hold exactly the newest rows of the generations merged since; those generations are
+then read as the oldest levels of their regions and the fragments are not scanned.
 
 Guarantees: the union of the partitions' outputs is exactly the live newest rows matching the filter,
 each key once.
@@ -14,19 +21,23 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 
+from memwal_df.catchup import Coverage, index_coverage
 from memwal_df.exec.base import ExecNode
-from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec
+from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys, base_spans
 from memwal_df.exec.keyset import KeySet
 from memwal_df.exec.union import UnionExec
 from memwal_df.region_spec import RegionSpec
 from memwal_df.snapshot import ReadSnapshot, RegionLevels
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
+
+MIN_SPAN_ROWS = 65_536
+"""Base partitions are not cut smaller: a Lance scan costs ~1 ms to start."""
 
 
 @dataclass
@@ -40,9 +51,8 @@ class Partition:
 class _SharedKeys:
     """The keys of every level of the given regions, computed once (thread-safe) when first needed."""
 
-    def __init__(self, regions: list[RegionLevels], primary_key: Sequence[str], key_type: Any) -> None:
+    def __init__(self, regions: list[LevelKeys], key_type: Any) -> None:
         self._regions = regions
-        self._pk = list(primary_key)
         self._type = key_type
         self._lock = threading.Lock()
         self._keys: KeySet | None = None
@@ -50,8 +60,7 @@ class _SharedKeys:
     def __call__(self) -> KeySet:
         with self._lock:
             if self._keys is None:
-                parts = [k for r in self._regions for lv in r.levels if (k := lv.keys(self._pk)) is not None]
-                self._keys = KeySet.union(parts, self._type)
+                self._keys = KeySet.merge([r.all() for r in self._regions], self._type)
             return self._keys
 
 
@@ -86,29 +95,52 @@ def plan_scan(
     column_predicates: dict[str, list[Any]],
     partitions: int | None = None,
 ) -> list[Partition]:
-    """Partitions of a scan: one per region with unmerged levels, then the base table's fragments."""
+    """Partitions of a scan: one per region with levels to read (with its gap generations when the
+    base is read through a behind index), then up to `partitions` (default: one per core) spans of the
+    base table's rows."""
     pk = snapshot.schema.primary_key
     ktype = key_type(snapshot)
-    regions = [r for r in prune_regions(snapshot, specs, column_predicates) if r.levels]
-    shadow = _SharedKeys(regions, pk, ktype)
+    coverage = index_coverage(snapshot, column_predicates) if column_predicates else None
+    plan = coverage.plan if coverage is not None else None
+    gap = plan.gap if plan is not None else {}
+    regions = [
+        replace(r, levels=r.levels + gap.get(r.region_id, []))
+        for r in prune_regions(snapshot, specs, column_predicates)
+    ]
+    keys = [LevelKeys(r, pk, ktype) for r in regions if r.levels]
+    shadow = _SharedKeys(keys, ktype)
+    index = plan.index if plan is not None else ""
     out = [
         Partition(
-            f"region {r.region_id}",
-            lambda cols, r=r: DeduplicateExec(r, pk, ktype, cols, filter, snapshot.schema.schema),
+            f"region {k.region.region_id}",
+            lambda cols, k=k: DeduplicateExec(
+                k, cols, filter, snapshot.schema.schema, len(gap.get(k.region.region_id, [])), index
+            ),
         )
-        for r in regions
+        for k in keys
     ]
-    fragment_ids = [f.fragment_id for f in snapshot.base.get_fragments()]
-    n = max(1, min(len(fragment_ids), partitions or (os.cpu_count() or 1)))
-    for i in range(n):
-        ids = fragment_ids[i::n]
-        if ids:
-            out.append(
-                Partition(
-                    f"base fragments {ids}",
-                    lambda cols, ids=ids: AntiJoinScanExec(snapshot.base, ids, pk, cols, filter, shadow),
-                )
+    scanned = None if plan is None else set(plan.scanned)
+    fragments = [
+        (f.fragment_id, f.metadata.physical_rows)
+        for f in snapshot.base.get_fragments()
+        if scanned is None or f.fragment_id in scanned
+    ]
+    note = _note(coverage)
+    for span in base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS):
+        out.append(
+            Partition(
+                f"base {span.describe()}",
+                lambda cols, span=span: AntiJoinScanExec(snapshot.base, span, pk, cols, filter, shadow, note),
             )
+        )
     if not out:  # DataFusion's plans need at least one partition (a sort over none is rejected)
         out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out
+
+
+def _note(coverage: Coverage | None) -> str:
+    if coverage is None:
+        return ""
+    if coverage.plan is None:
+        return coverage.note
+    return f"{coverage.plan.index} covers these; {coverage.note}"

@@ -211,12 +211,14 @@ class Level:
 
 @dataclass
 class RegionLevels:
-    """The unmerged levels of one region, newest first."""
+    """The unmerged levels of one region, newest first; `merged`: the generations still listed in its
+    manifest that are merged into the pinned base, newest first (read only by index catch-up plans)."""
 
     region_id: uuid.UUID
     spec_id: int
     values: tuple[Any, ...] | None
     levels: list[Level]
+    merged: list[Level] = field(default_factory=list)
 
 
 @dataclass
@@ -232,6 +234,7 @@ class ReadSnapshot:
     details: pb.MemWalIndexDetails
     regions: list[RegionLevels]
     consistency: str
+    storage: Storage  # the table's: older base manifests are read through it
     lookup_keys: pa.Table | None = None
 
     @property
@@ -318,7 +321,7 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
         if wanted is not None and not wanted(m.shard_spec_id, values):
             continue
         regions.append(_region_levels(table, region_id, m, merged, memtables))
-    return ReadSnapshot(table.schema, base, table.details, regions, "latest", keys)
+    return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys)
 
 
 _LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
@@ -373,7 +376,9 @@ def _take_indexed(
         m = newest[region_id]
         if wanted is None or wanted(m.shard_spec_id, table.region_values(m)):
             regions.append(_region_levels(table, region_id, m, merged, memtables))
-    return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot", keys)
+    return ReadSnapshot(
+        table.schema, table.dataset, table.details, regions, "snapshot", table.storage, keys
+    )
 
 
 def check_consistency(mode: str) -> Consistency:
@@ -390,14 +395,14 @@ def _region_levels(
     merged: dict[uuid.UUID, int],
     memtables: dict[uuid.UUID, list[tuple[int, pa.Table]]],
 ) -> RegionLevels:
-    """A region's levels, newest first: the writer's MemTables, then its unmerged generations."""
+    """A region's levels, newest first: the writer's MemTables, then its unmerged generations; its
+    merged generations that the manifest still lists go to `merged` (catch-up plans read them)."""
     floor = merged.get(region_id, 0)
     levels = [
         Level("memtable", region_id, gen, table.storage, table=t)
         for gen, t in reversed(memtables.get(region_id, []))
     ]
-    flushed = sorted((s for s in m.sstables if s.generation > floor), key=lambda s: -s.generation)
-    levels += [
+    flushed = [
         Level(
             "generation",
             region_id,
@@ -405,9 +410,11 @@ def _region_levels(
             table.storage,
             path=layout.generation_path(region_id, s.path),
         )
-        for s in flushed
+        for s in sorted(m.sstables, key=lambda s: -s.generation)
     ]
-    return RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels)
+    levels += [lv for lv in flushed if lv.generation > floor]
+    done = [lv for lv in flushed if lv.generation <= floor]
+    return RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels, done)
 
 
 _POOL: ThreadPoolExecutor | None = None
