@@ -100,9 +100,12 @@ def gc(
 
 def removable_generations(table: Table, regions: list[uuid.UUID], grace: timedelta) -> dict[uuid.UUID, int]:
     """Region -> highest generation GC may remove (0: none): the rules 1 of the module docstring."""
-    ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
-    versions = sorted(ds.versions(), key=lambda v: v["version"])
     nothing = dict.fromkeys(regions, 0)
+    try:
+        ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
+        versions = sorted(ds.versions(), key=lambda v: v["version"])
+    except (ValueError, OSError):
+        return nothing  # a version was cleaned up while Lance listed them: retry on the next run
     oldest = versions[0]
     if oldest["version"] > 1 and oldest["timestamp"].timestamp() > time.time() - grace.total_seconds():
         return nothing

@@ -1,9 +1,6 @@
 """Base index catch-up (`Table.catch_up_indexes`, `memwal_df.index_catchup`).
 
-Oracle (`assert_catchup_covered`): at every retained base version, a base row the index does not
-cover (its fragment is outside the index's `fragment_bitmap`s) was merged by a generation above the
-index's recorded catch-up for that region. A fragment belongs to the merge commit that created it
-(the first version listing it) and that commit's region is the one whose merge progress it raised.
+The tests check the coverage oracle `_jobs.assert_catchup_covered`; one proves it can fail.
 """
 
 from __future__ import annotations
@@ -14,47 +11,13 @@ from datetime import timedelta
 import lance
 import pyarrow as pa
 import pytest
-from _jobs import Workload, create, progress_history, rows_at
+from _jobs import Workload, assert_catchup_covered, catchup_at, create, rows_at
 
 import memwal_df as mw
 from memwal_df import memwal_index
-from memwal_df.index_catchup import coverage, progress_entry
+from memwal_df.index_catchup import progress_entry
 
 ZERO = timedelta(0)
-
-
-def _catchup_at(table, version: int) -> dict[str, dict]:
-    found = memwal_index.read_details(table.uri, table.storage_options or None, version)
-    return memwal_index.index_catchup(found[0]) if found else {}
-
-
-def assert_catchup_covered(table) -> None:
-    """The oracle of the module docstring, over every retained base version."""
-    options = table.storage_options or None
-    ds = lance.dataset(table.uri, storage_options=options)
-    versions = sorted(v["version"] for v in ds.versions())
-    history = progress_history(table)
-    made_by: dict[int, tuple] = {}  # fragment id -> (region, generation) of the merge that wrote it
-    best: dict = {}
-    for version, progress in zip(versions, history, strict=True):
-        at = ds.checkout_version(version)
-        raised = {r: g for r, g in progress.items() if g > best.get(r, 0)}
-        for f in at.get_fragments():
-            if f.fragment_id not in made_by and len(raised) == 1:
-                made_by[f.fragment_id] = next(iter(raised.items()))
-            made_by.setdefault(f.fragment_id, None)
-        best.update(raised)
-        catchup = _catchup_at(table, version)
-        for name, covered in coverage(at).items():
-            for f in at.get_fragments():
-                owner = made_by[f.fragment_id]
-                if f.fragment_id in covered or owner is None:
-                    continue
-                region, gen = owner
-                assert catchup.get(name, {}).get(region, 0) < gen, (
-                    f"version {version}: {name} claims generation {gen} of {region}, fragment "
-                    f"{f.fragment_id} holding it is not indexed"
-                )
 
 
 def _write(table, work: Workload, generations: int) -> None:
@@ -79,7 +42,7 @@ def test_catch_up_rebuilds_lagging_index_and_lets_gc_go(table_uri, table_storage
     result = table.catch_up_indexes()
     (idx,) = result.indexes
     assert idx.name == "id_idx" and idx.rebuilt and idx.covers_latest and not idx.unverified
-    assert idx.caught_up == _merged(table) == _catchup_at(table, result.version)["id_idx"]
+    assert idx.caught_up == _merged(table) == catchup_at(table, result.version)["id_idx"]
     assert_catchup_covered(table)
     again = table.catch_up_indexes()  # nothing new: no rebuild, no commit
     assert not again.indexes[0].rebuilt and not again.indexes[0].raised
@@ -101,7 +64,7 @@ def test_merge_without_new_fragments_is_recorded_by_catch_up(tmp_path):
         w.flush()
     table.merge()
     ((region, gen),) = _merged(table).items()
-    assert gen == 2 and _catchup_at(table, table.dataset.version)["id_idx"] == {region: 1}
+    assert gen == 2 and catchup_at(table, table.dataset.version)["id_idx"] == {region: 1}
     (idx,) = table.catch_up_indexes().indexes
     assert not idx.rebuilt and idx.raised == {region: 2} and idx.caught_up == {region: 2}
     assert_catchup_covered(table)
@@ -151,7 +114,7 @@ def test_catch_up_racing_writer_and_merger_claims_only_covered_rows(tmp_path, ro
     assert not errors, errors
     table.merge()
     table.catch_up_indexes()
-    assert _catchup_at(table, lance.dataset(table.uri).version)["id_idx"] == _merged(table)
+    assert catchup_at(table, lance.dataset(table.uri).version)["id_idx"] == _merged(table)
     assert_catchup_covered(table)
     assert rows_at(table) == work.model
 
