@@ -2,7 +2,12 @@
 with Lance's own primitives (one `merge_insert` per generation with `mark_sstables_as_compacted`, a
 `when_matched_delete` pass for tombstones), in the same run on copies of one table.
 
+Then the other background jobs on many small generations (default 1,000 generations across 100
+regions, a BTREE index on the key): merge, MemWAL index build, index catch-up and GC, timed one
+after the other on one table in the same run (so the merge time is their peer).
+
     PYTHONPATH=. python bench/merge.py [--small] [--base N] [--rows N] [--regions N] [--gens N]
+                                       [--job-regions N] [--job-gens N]
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from datetime import timedelta
 
 import lance
 import numpy as np
@@ -64,6 +70,48 @@ def lance_primitives(uri: str) -> int:
     return rows
 
 
+def jobs(uri: str, regions: int, gens: int, rows_per_gen: int = 20) -> None:
+    """Time merge, build_index, catch_up_indexes and gc over `gens` generations in `regions` regions."""
+    rng = np.random.default_rng(1)
+    base = 10 * regions * rows_per_gen
+    data = pa.table({"id": pa.array(np.arange(base), pa.int64()), "v": rng.random(base)})
+    table = mw.create_table(uri, data, "id", region_spec=mw.bucket("id", regions))
+    lance.dataset(uri).create_scalar_index("id", "BTREE")
+    t0 = time.perf_counter()
+    with table.writer(durable=False) as w:
+        for _ in range(gens // regions):  # every flush writes one generation in every region
+            ids = rng.choice(base * 2, regions * rows_per_gen, replace=False)
+            w.put(pa.table({"id": pa.array(ids, pa.int64()), "v": rng.random(len(ids))}))
+            w.flush()
+    flushed = sum(len(RegionManifestStore(table.storage, r).latest().sstables) for r in table.region_ids())
+    print(f"{flushed} generations in {regions} regions written in {time.perf_counter() - t0:.1f} s")
+    zero = timedelta(0)
+
+    def merge() -> str:
+        return f"{sum(map(len, table.merge().generations.values()))} generations merged"
+
+    def build() -> str:
+        built = table.build_index()
+        return f"{built.regions} regions, snapshot {built.location}"
+
+    def catch_up() -> str:
+        return f"covers the latest version: {table.catch_up_indexes().indexes[0].covers_latest}"
+
+    def cleanup() -> str:
+        return f"{lance.dataset(uri).cleanup_old_versions(older_than=zero).old_versions} base versions removed"
+
+    def gc() -> str:
+        return f"{sum(map(len, table.gc(grace=zero).generations.values()))} generations removed"
+
+    steps = {"merge": merge, "build_index": build, "catch_up_indexes": catch_up}
+    steps |= {"cleanup_old_versions": cleanup, "gc": gc}
+    for name, step in steps.items():
+        t0 = time.perf_counter()
+        what = step()
+        dt = time.perf_counter() - t0
+        print(f"  {name:22s} {dt:8.2f} s {dt / flushed * 1e3:8.2f} ms/generation  ({what})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--small", action="store_true")
@@ -71,9 +119,11 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--regions", type=int, default=4)
     p.add_argument("--gens", type=int, default=3)
+    p.add_argument("--job-regions", type=int, default=100)
+    p.add_argument("--job-gens", type=int, default=1000)
     a = p.parse_args()
     if a.small:
-        a.base, a.rows = 100_000, 40_000
+        a.base, a.rows, a.job_regions, a.job_gens = 100_000, 40_000, 20, 100
     root = tempfile.mkdtemp(prefix="memwal-bench-merge-")
     try:
         src = f"{root}/src"
@@ -98,6 +148,7 @@ def main() -> None:
                 f"{name:36s} {rows:8d} rows {dt:7.2f} s {rows / dt / 1e3:8.1f} k rows/s "
                 f"x{peer[1] / dt:4.2f} vs Lance  ({same})"
             )
+        jobs(f"{root}/jobs", a.job_regions, a.job_gens)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

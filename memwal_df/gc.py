@@ -36,6 +36,7 @@ import lance
 from memwal_df import layout, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import InvalidConfigError, NotFoundError, TableNotFoundError
+from memwal_df.index_catchup import maintained_indexes
 from memwal_df.manifest import RegionManifestStore, next_version
 from memwal_df.storage import Storage
 from memwal_df.wal import Wal
@@ -99,9 +100,12 @@ def gc(
 
 def removable_generations(table: Table, regions: list[uuid.UUID], grace: timedelta) -> dict[uuid.UUID, int]:
     """Region -> highest generation GC may remove (0: none): the rules 1 of the module docstring."""
-    ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
-    versions = sorted(ds.versions(), key=lambda v: v["version"])
     nothing = dict.fromkeys(regions, 0)
+    try:
+        ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
+        versions = sorted(ds.versions(), key=lambda v: v["version"])
+    except (ValueError, OSError):
+        return nothing  # a version was cleaned up while Lance listed them: retry on the next run
     oldest = versions[0]
     if oldest["version"] > 1 and oldest["timestamp"].timestamp() > time.time() - grace.total_seconds():
         return nothing
@@ -124,10 +128,7 @@ def removable_generations(table: Table, regions: list[uuid.UUID], grace: timedel
 def _maintained_indexes(table: Table, details: pb.MemWalIndexDetails, version: int) -> set[str]:
     """Names of the maintained indexes that exist on the base table at `version`."""
     _, entries = memwal_index.read_index_section(table.storage, version)
-    present = {e.name for e in entries if e.name != memwal_index.MEMWAL_INDEX_NAME}
-    if details.maintain_all_indexes:
-        return present
-    return present & set(details.maintained_indexes)
+    return maintained_indexes(details, {e.name for e in entries})
 
 
 def _region(storage: Storage, region_id: uuid.UUID, floor: int, keep: int) -> RegionGc:

@@ -54,7 +54,7 @@ TOMBSTONE = "_tombstone"
 PROGRESS_LOOKBACK = 16  # base versions read for merge progress (a rebased builder commit can lower one)
 MAX_ATTEMPTS = 20  # tries per generation when pass 1 keeps losing races
 _STALE_MARKER = "Stale SSTable compaction"
-_LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
+LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
 _PARALLEL_REGIONS = 8
 
 
@@ -87,9 +87,12 @@ class MergeResult:
         return sum(r.rows_upserted + r.rows_deleted for r in self.regions)
 
 
-def merge_progress(storage: Storage, lookback: int = PROGRESS_LOOKBACK) -> dict[uuid.UUID, int]:
-    """Region -> merged generation: the maximum over the newest `lookback` base versions."""
-    latest = memwal_index.latest_version(storage)
+def merge_progress(
+    storage: Storage, lookback: int = PROGRESS_LOOKBACK, version: int | None = None
+) -> dict[uuid.UUID, int]:
+    """Region -> merged generation: the maximum over the `lookback` base versions up to `version`
+    (default: the latest)."""
+    latest = memwal_index.latest_version(storage) if version is None else version
     out: dict[uuid.UUID, int] = {}
     for version in range(latest, max(0, latest - lookback), -1):
         try:
@@ -211,7 +214,7 @@ class _Merger:
                 tombstones
             )
         except OSError as e:
-            if any(m in str(e) for m in _LOST_RACE):
+            if any(m in str(e) for m in LOST_RACE):
                 return False
             raise
         return True

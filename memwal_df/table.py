@@ -9,6 +9,7 @@ made by either. Region ids of spec-governed regions are derived from the spec id
 from __future__ import annotations
 
 import hashlib
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_df import gc as _gc
-from memwal_df import index_builder, layout, memwal_index, merger
+from memwal_df import index_builder, index_catchup, layout, memwal_index, merger
+from memwal_df import maintain as _maintain
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     NotFoundError,
@@ -195,6 +197,24 @@ class Table:
         """Remove merged generations, their WAL entries, orphaned generation directories and old
         region manifest versions that no reader or writer can still need; see `memwal_df.gc`."""
         return _gc.gc(self, grace=grace, keep_manifest_versions=keep_manifest_versions)
+
+    def catch_up_indexes(self, rebuild: bool = True) -> index_catchup.CatchUpResult:
+        """Rebuild lagging maintained base indexes (`optimize_indices`) and record their
+        `index_catchup`, claiming only generations their fragment bitmaps cover; see
+        `memwal_df.index_catchup`."""
+        return index_catchup.catch_up_indexes(self, rebuild)
+
+    def maintain(
+        self,
+        *,
+        interval: float = 60.0,
+        stop: threading.Event | None = None,
+        max_rounds: int | None = None,
+        grace: timedelta = _gc.DEFAULT_GRACE,
+    ) -> list[_maintain.Round]:
+        """Run merge, index build, index catch-up and GC every `interval` seconds until `stop` is set
+        or `max_rounds` rounds ran, logging and retrying failed jobs; see `memwal_df.maintain`."""
+        return _maintain.maintain(self, interval=interval, stop=stop, max_rounds=max_rounds, grace=grace)
 
     def region_status(self, region_id: uuid.UUID) -> RegionStatus | None:
         m = RegionManifestStore(self.storage, region_id).latest()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import lance
@@ -19,6 +20,7 @@ from reference import _apply
 
 import memwal_df as mw
 from memwal_df import layout, memwal_index
+from memwal_df.index_catchup import coverage
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.table import Table
 
@@ -98,3 +100,57 @@ def assert_monotonic(history: list[dict[uuid.UUID, int]]) -> None:
 def base_rows(table: Table) -> dict[Any, dict[str, Any]]:
     table.refresh()
     return {r["id"]: r for r in table.dataset.to_table().to_pylist()}
+
+
+def cleanup(table: Table) -> None:
+    """Drop every base version but the latest (not `delete_unverified`: that would also delete the
+    files of a merge still being written)."""
+    lance.dataset(table.uri, storage_options=table.storage_options or None).cleanup_old_versions(
+        older_than=timedelta(0)
+    )
+
+
+def every_version_reads(table: Table, model: dict[Any, dict[str, Any]]) -> None:
+    """Every retained base version (time travel) reads exactly `model`."""
+    ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
+    for v in ds.versions():
+        if v["version"] > 1:  # version 1 predates the MemWAL index
+            assert rows_at(table, v["version"]) == model, f"base version {v['version']}"
+
+
+def catchup_at(table: Table, version: int) -> dict[str, dict[uuid.UUID, int]]:
+    """`index_catchup` of base version `version`."""
+    found = memwal_index.read_details(table.uri, table.storage_options or None, version)
+    return memwal_index.index_catchup(found[0]) if found else {}
+
+
+def assert_catchup_covered(table: Table) -> None:
+    """At every retained base version, a base row the index does not cover (its fragment is outside
+    the index's `fragment_bitmap`s) was merged by a generation above the index's recorded catch-up
+    for that region. A fragment belongs to the merge commit that created it (the first version
+    listing it); that commit's region is the one whose merge progress it raised."""
+    options = table.storage_options or None
+    ds = lance.dataset(table.uri, storage_options=options)
+    versions = sorted(v["version"] for v in ds.versions())
+    history = progress_history(table)
+    made_by: dict[int, tuple] = {}  # fragment id -> (region, generation) of the merge that wrote it
+    best: dict = {}
+    for version, progress in zip(versions, history, strict=True):
+        at = ds.checkout_version(version)
+        raised = {r: g for r, g in progress.items() if g > best.get(r, 0)}
+        for f in at.get_fragments():
+            if f.fragment_id not in made_by and len(raised) == 1:
+                made_by[f.fragment_id] = next(iter(raised.items()))
+            made_by.setdefault(f.fragment_id, None)
+        best.update(raised)
+        catchup = catchup_at(table, version)
+        for name, covered in coverage(at).items():
+            for f in at.get_fragments():
+                owner = made_by[f.fragment_id]
+                if f.fragment_id in covered or owner is None:
+                    continue
+                region, gen = owner
+                assert catchup.get(name, {}).get(region, 0) < gen, (
+                    f"version {version}: {name} claims generation {gen} of {region}, fragment "
+                    f"{f.fragment_id} holding it is not indexed"
+                )

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import lance
 import pytest
-from _jobs import Workload, assert_monotonic, create, progress_history, rows_at
+from _jobs import (
+    Workload,
+    assert_monotonic,
+    cleanup,
+    create,
+    every_version_reads,
+    progress_history,
+    rows_at,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from merge_helper import flushed_generations
@@ -23,21 +31,6 @@ from memwal_df.errors import InvalidConfigError
 from memwal_df.manifest import RegionManifestStore
 
 ZERO = timedelta(0)
-
-
-def _cleanup(table) -> None:
-    """Drop every base version but the latest (not `delete_unverified`: that would also delete the
-    files of a merge still being written)."""
-    lance.dataset(table.uri, storage_options=table.storage_options or None).cleanup_old_versions(
-        older_than=ZERO
-    )
-
-
-def _every_version_reads(table, model) -> None:
-    ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
-    for v in ds.versions():
-        if v["version"] > 1:  # version 1 predates the MemWAL index
-            assert rows_at(table, v["version"]) == model, f"base version {v['version']}"
 
 
 def _gen_dirs(table) -> list[str]:
@@ -66,22 +59,22 @@ def test_gc_keeps_what_time_travel_reaches_then_removes_it(table_uri, table_stor
     kept = table.gc(grace=ZERO)
     assert kept.generations == {} and not any(r.wal_positions for r in kept.regions)
     assert len(_gen_dirs(table)) == dirs and _wal_entries(table) == wal
-    _every_version_reads(table, work.model)  # old base versions still need every generation
+    every_version_reads(table, work.model)  # old base versions still need every generation
 
-    _cleanup(table)
+    cleanup(table)
     assert table.gc(grace=timedelta(hours=1)).generations == {}  # versions were cleaned just now
     result = table.gc(grace=ZERO)
     assert sum(map(len, result.generations.values())) == dirs
     assert _gen_dirs(table) == [] and _wal_entries(table) == 0
     for r in table.region_ids():
         assert flushed_generations(table, r) == []
-    _every_version_reads(table, work.model)
+    every_version_reads(table, work.model)
 
     with table.writer() as w:  # writers and mergers carry on after GC
         work.generation(w)
     assert rows_at(table) == work.model
     table.merge()
-    _every_version_reads(table, work.model)
+    every_version_reads(table, work.model)
 
 
 def test_gc_waits_for_index_catch_up(tmp_path):
@@ -93,11 +86,11 @@ def test_gc_waits_for_index_catch_up(tmp_path):
     table.merge(max_generations=1)
     lance.dataset(table.uri).create_scalar_index("id", "BTREE")  # Lance records catch-up = merged
     table.merge()
-    _cleanup(table)
+    cleanup(table)
     result = table.gc(grace=ZERO)
     assert result.generations and all(g == (1,) for g in result.generations.values())
     assert all(r.removable_through <= 1 for r in result.regions)
-    _every_version_reads(table, work.model)
+    every_version_reads(table, work.model)
 
 
 def test_gc_removes_orphans_of_failed_flushes_only(tmp_path):
@@ -160,11 +153,11 @@ def test_interleaving_keeps_every_invariant(ops, seed):
                 elif op == "gc":
                     table.gc(grace=ZERO, keep_manifest_versions=2)
                 elif op == "cleanup":
-                    _cleanup(table)
+                    cleanup(table)
                 else:
                     writer.close()
                     writer = table.writer()
-                _every_version_reads(table, work.model)  # no row lost, none resurrected, nothing needed gone
+                every_version_reads(table, work.model)  # no row lost, none resurrected, nothing needed gone
                 assert_monotonic(progress_history(table))
         finally:
             writer.close()
@@ -184,7 +177,7 @@ def test_writer_merger_and_gc_threads_at_once(table_uri, table_storage_options):
             errors.append(e)
 
     def collect() -> None:
-        _cleanup(table)
+        cleanup(table)
         table.gc(grace=ZERO, keep_manifest_versions=2)
 
     jobs = [threading.Thread(target=loop, args=(j,)) for j in (table.merge, collect)]
@@ -201,5 +194,5 @@ def test_writer_merger_and_gc_threads_at_once(table_uri, table_storage_options):
     assert not errors, errors
     table.merge()
     assert rows_at(table) == work.model
-    _every_version_reads(table, work.model)
+    every_version_reads(table, work.model)
     assert_monotonic(progress_history(table))
