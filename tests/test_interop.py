@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -563,6 +564,10 @@ def test_lance_replays_our_multi_batch_entries(tmp_path) -> None:
     rw.put(rows(range(3, 10), "a"))
     rw.delete([4, 1])
     rw.put(rows([4, 20], "b"))  # the third batch fills the buffer: one entry, three batches
+    deadline = time.monotonic() + 30
+    while rw.stats()["buffered_batches"]:  # the writer's WAL thread appends it in the background
+        assert time.monotonic() < deadline, "the full WAL buffer was not appended"
+        time.sleep(0.002)
     rw.abort()
     (entry,) = wal_entries(table, region_id)
     assert [b.num_rows for b in entry.batches] == [7, 2, 2]
