@@ -43,6 +43,7 @@ class MemTable:
         self.nbytes = 0
         # WAL positions holding this MemTable's rows (inclusive); 0 while none is durable.
         self.last_wal_position = 0
+        self.unlogged_entries = 0  # its WAL entries not stored yet (non-durable writers)
 
     def __len__(self) -> int:
         return self.num_rows

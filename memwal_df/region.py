@@ -11,7 +11,8 @@ Life cycle (spec "Writer Expectations", Lance 14's protocol):
 3. Write: validate, append to the WAL (durable mode: before returning; otherwise batched by size,
    count and time), add to the MemTable.
 4. MemTable flush (background, or `flush()`/`close()`): seal the MemTable, write it as a generation,
-   then commit a manifest version that lists it, after checking the epoch is still ours.
+   then, once every WAL entry holding its rows is stored, commit a manifest version that lists it,
+   after checking the epoch is still ours.
 
 Guarantees: a write that returned in durable mode is in the WAL and survives any crash; a writer whose
 WAL position or manifest shows a newer epoch raises `WriterFencedError` on every later call, carrying
@@ -118,16 +119,15 @@ class RegionWriter:
         self._wal = Wal(ctx.storage, region_id)
         self._cond = threading.Condition(threading.RLock())
         self._sealed: deque[MemTable] = deque()
-        # Non-durable mode: accepted batches collect in `_pending` until a threshold makes them one
-        # WAL entry in `_ready`; the WAL loop appends ready entries in order, the oldest outside the
-        # lock (`_appending`), so puts never wait for storage.
+        # Non-durable mode: accepted batches collect in `_pending` until a threshold (or sealing the
+        # MemTable) makes them one WAL entry in `_ready`, with the MemTable holding its rows; the WAL
+        # thread alone appends ready entries, in order, outside the lock: puts never wait for storage.
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
         self._pending_since = 0.0
-        self._ready: deque[list[pa.RecordBatch]] = deque()
-        self._appending = False
+        self._ready: deque[tuple[list[pa.RecordBatch], MemTable]] = deque()
         self._error: MemWalError | None = None  # a fatal error (fencing): every later call raises it
-        self._flush_error: BaseException | None = None  # the last failed generation write (retried)
+        self._flush_error: BaseException | None = None  # last failed background write (retried)
         self._closed = False
         self._stats = {"puts": 0, "deletes": 0, "rows": 0, "wal_entries": 0, "wal_bytes": 0, "generations": 0}
         self.manifest = self._claim()
@@ -280,7 +280,7 @@ class RegionWriter:
                 "sealed_memtables": len(self._sealed),
                 "unflushed_bytes": self._unflushed_bytes(),
                 "next_wal_position": self._next_position,
-                "buffered_batches": len(self._pending) + sum(len(e) for e in self._ready),
+                "buffered_batches": len(self._pending) + sum(len(b) for b, _ in self._ready),
             }
 
     # ------------------------------------------------------------------ write path
@@ -308,7 +308,7 @@ class RegionWriter:
             self._check_usable()
             self._wait_for_room(batch.nbytes)
             if self.config.durable_write:
-                self._append_wal([batch])
+                self._append_wal([batch], self._active.generation)
             else:
                 if not self._pending:
                     self._pending_since = time.monotonic()
@@ -325,12 +325,12 @@ class RegionWriter:
             if self._memtable_full():
                 self._seal()
 
-    def _append_wal(self, batches: list[pa.RecordBatch]) -> None:
-        """Publish one WAL entry at the next position. The caller holds the lock (durable mode) or
-        the append turn (non-durable mode: `batches` is the oldest ready entry, trimmed of what an
-        adopted entry already holds)."""
+    def _append_wal(self, batches: list[pa.RecordBatch], generation: int) -> None:
+        """Publish one WAL entry of the MemTable `generation` at the next position. The caller holds
+        the lock (durable mode) or is the WAL thread (non-durable mode: `batches` is the oldest ready
+        entry, trimmed of what an adopted entry already holds)."""
         while True:
-            data = encode_entry(batches, self.epoch, self._active.generation)
+            data = encode_entry(batches, self.epoch, generation)
             position = self._next_position
             if self._wal.append(position, data):
                 break
@@ -353,34 +353,28 @@ class RegionWriter:
         if self.config.durable_write:  # the write that failed never reached the MemTable
             for batch in entry.batches:
                 self._active.append(self._conform_replayed(batch, entry.position))
-        self._active.last_wal_position = entry.position
+            self._active.last_wal_position = entry.position
         self._next_position = entry.position + 1
 
     def _close_entry(self) -> None:
         """Make the pending batches one ready WAL entry (caller holds the lock)."""
         if self._pending:
-            self._ready.append(self._pending)
+            self._ready.append((self._pending, self._active))
+            self._active.unlogged_entries += 1
             self._pending = []
             self._pending_bytes = 0
 
     def _append_ready(self) -> None:
-        """Append the oldest ready entry; the caller has the append turn (holds the lock, or set
-        `_appending`). It stays ready until it is stored (a failed append is retried as it was)."""
-        entry = self._ready[0]
-        self._append_wal(entry)
+        """Append the oldest ready entry (WAL thread). It stays ready until it is stored: a failed
+        append is retried as it was."""
+        batches, memtable = self._ready[0]
+        self._append_wal(batches, memtable.generation)
         with self._cond:
-            if self._ready and self._ready[0] is entry:  # (a fence may have dropped every entry)
+            if self._ready and self._ready[0][0] is batches:  # (a fence may have dropped every entry)
                 self._ready.popleft()
-            self._active.last_wal_position = self._next_position - 1
+            memtable.last_wal_position = self._next_position - 1
+            memtable.unlogged_entries -= 1
             self._cond.notify_all()
-
-    def _flush_pending(self) -> None:
-        """Append every accepted batch to the WAL now (caller holds the lock)."""
-        while self._appending:  # the WAL loop's entry is part of the active MemTable: let it land
-            self._cond.wait()
-        self._close_entry()
-        while self._ready:
-            self._append_ready()
 
     def _wal_buffer_full(self) -> bool:
         return (
@@ -413,8 +407,9 @@ class RegionWriter:
             self._check_usable()
 
     def _seal(self) -> None:
-        """Close the active MemTable (after making its rows durable) and queue it for flushing."""
-        self._flush_pending()
+        """Close the active MemTable and queue it for flushing (its buffered writes become its last
+        WAL entry; the flush commits once they are stored)."""
+        self._close_entry()
         if self._active.num_rows == 0:
             return
         self._sealed.append(self._active)
@@ -461,6 +456,11 @@ class RegionWriter:
         else:
             assert last_error is not None
             raise last_error
+        with self._cond:  # the manifest may list it only once its rows are durable in the WAL
+            while memtable.unlogged_entries and self._error is None and not self._closed:
+                self._cond.wait()
+            if memtable.unlogged_entries:
+                return  # stopped or fenced first: the directory is an orphan for garbage collection
         self._commit(lambda m: _add_generation(m, sstable, memtable.last_wal_position))
         with self._cond:
             self._sealed.popleft()
@@ -468,9 +468,8 @@ class RegionWriter:
             self._cond.notify_all()
 
     def _wal_loop(self) -> None:
-        """Non-durable mode: append the pending batches as one entry when the buffer is full or the
-        oldest is `max_wal_flush_interval_ms` old. The append runs without the lock: puts go on, and
-        `_flush_pending` (seal, flush) waits for it."""
+        """Non-durable mode: append ready entries in order, and make the pending batches one when
+        the oldest is `max_wal_flush_interval_ms` old. Appends run without the lock: puts go on."""
         interval = self.config.max_wal_flush_interval_ms / 1000
         while True:
             with self._cond:
@@ -485,21 +484,16 @@ class RegionWriter:
                         self._cond.wait(left)
                         continue
                     self._close_entry()
-                self._appending = True
-            failed = False
             try:
                 self._append_ready()
             except WriterFencedError:
                 return
-            except MemWalError as e:
+            except MemWalError as e:  # retried; flush() and close() report it meanwhile
                 log.warning("WAL flush of region %s failed: %s", self.region_id, e)
-                failed = True
-            finally:
                 with self._cond:
-                    self._appending = False
+                    self._flush_error = e
                     self._cond.notify_all()
-                    if failed and self._error is None:
-                        self._cond.wait(interval)
+                    self._cond.wait(interval)
 
     # ------------------------------------------------------------------ manifest commits and fencing
 
@@ -524,7 +518,7 @@ class RegionWriter:
 
     def _fence(self, reason: str) -> WriterFencedError:
         with self._cond:
-            lost = [b for entry in self._ready for b in entry] + self._pending
+            lost = [b for batches, _ in self._ready for b in batches] + self._pending
             self._ready, self._pending = deque(), []
             not_durable = pa.Table.from_batches(lost, schema=self.ctx.schema.wal) if lost else None
             err = WriterFencedError(
