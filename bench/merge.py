@@ -98,7 +98,8 @@ def jobs(uri: str, regions: int, gens: int, rows_per_gen: int = 20) -> None:
         return f"covers the latest version: {table.catch_up_indexes().indexes[0].covers_latest}"
 
     def cleanup() -> str:
-        return f"{lance.dataset(uri).cleanup_old_versions(older_than=zero).old_versions} base versions removed"
+        removed = lance.dataset(uri).cleanup_old_versions(older_than=zero).old_versions
+        return f"{removed} base versions removed"
 
     def gc() -> str:
         return f"{sum(map(len, table.gc(grace=zero).generations.values()))} generations removed"

@@ -37,6 +37,7 @@ opposite. Everything here follows pyarrow's semantics, so every level answers th
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Iterable, Sequence
@@ -289,6 +290,14 @@ def decode(expr: pc.Expression) -> Node:
         _, (buf,) = expr.__reduce__()
     except (pa.ArrowException, NotImplementedError) as e:
         raise ValueError(f"cannot serialize expression {expr}: {e}") from e
+    return _decode_serialized(buf.to_pybytes())
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_serialized(data: bytes) -> Node:
+    """The tree of a serialized expression; kept (trees are immutable): planning one query decodes
+    its filter several times, and DataFusion sends the same filters again and again."""
+    buf = pa.py_buffer(data)
     items = _ordered_metadata(buf)
     reader = pa.ipc.open_file(buf)
     batch = reader.get_batch(0) if reader.num_record_batches else None
