@@ -1,0 +1,186 @@
+"""KNN operators: one level's nearest rows to a query vector, best first, with `_distance`.
+
+Distances are Lance's: `l2` is the squared Euclidean distance, `cosine` is 1 - cos(angle), `dot` is
+1 - x.q. Rows with a NULL vector and tombstones are never candidates.
+
+* `BruteForceKnnExec` (a generation or an unflushed MemTable): exact distances to every row that
+  matches the filter, computed with numpy over the level's vectors (a generation's are read once per
+  process). `top(n)` is exactly the level's `n` nearest matching rows.
+* `LanceKnnExec` (the base table): Lance's `nearest` with `nprobes` / `refine_factor`, the filter's
+  Lance part as a prefilter (applied exactly before the search) and the rest applied to the results
+  (fetching more until `n` rows match). With an index, `top(n)` is Lance's approximate answer;
+  fragments the index does not cover yet are searched exactly by Lance itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_df.errors import InvalidConfigError
+from memwal_df.exec._levels import filter_mask, level_cached, read_level, take_rows
+from memwal_df.exec.base import short_id
+from memwal_df.exec.filter_stale import RankedExec, grow
+from memwal_df.predicate import split_for_lance
+from memwal_df.snapshot import Level
+from memwal_df.wal import TOMBSTONE
+
+__all__ = ["DISTANCE", "METRICS", "BruteForceKnnExec", "LanceKnnExec", "distances", "query_vector"]
+
+DISTANCE = "_distance"
+METRICS = ("l2", "cosine", "dot")
+
+
+def query_vector(schema: pa.Schema, column: str, query: Any) -> np.ndarray:
+    """The query as float32 of the column's dimension (InvalidConfigError if it does not fit)."""
+    if column not in schema.names:
+        raise InvalidConfigError(f"vector_search: no column {column!r}")
+    t = schema.field(column).type
+    if not pa.types.is_fixed_size_list(t) or not pa.types.is_floating(t.value_type):
+        raise InvalidConfigError(f"vector_search: column {column!r} is {t}, not a fixed-size list of floats")
+    try:
+        q = np.asarray(query, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise InvalidConfigError(f"vector_search: the query is not a vector of numbers: {e}") from None
+    if len(q) != t.list_size or not np.isfinite(q).all():
+        raise InvalidConfigError(f"vector_search: the query needs {t.list_size} finite numbers, got {len(q)}")
+    return q
+
+
+def distances(matrix: np.ndarray, q: np.ndarray, metric: str) -> np.ndarray:
+    """Lance's distance of each row of `matrix` to `q` (float32)."""
+    if metric == "l2":
+        diff = matrix - q
+        return np.einsum("ij,ij->i", diff, diff)
+    dot = matrix @ q
+    if metric == "dot":
+        return (1 - dot).astype(np.float32)
+    if metric == "cosine":
+        norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(q)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (1 - dot / norms).astype(np.float32)
+    raise InvalidConfigError(f"vector_search: unknown metric {metric!r}; expected one of {METRICS}")
+
+
+def _vectors(level: Level, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(matrix of the level's vectors as float32, bool per position: a live row with a vector)."""
+    rows = read_level(level, [column, TOMBSTONE])
+    vec = rows.column(column).combine_chunks()
+    dim = vec.type.list_size
+    usable = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+    if vec.null_count:
+        usable &= vec.is_valid().to_numpy(zero_copy_only=False)
+        vec = vec.fill_null(pa.scalar([0.0] * dim, vec.type))
+    values = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return values.reshape(-1, dim), usable
+
+
+def ranked_positions(scores: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the `n` smallest scores, smallest first (ties in index order)."""
+    if n < len(scores):
+        part = np.argpartition(scores, n - 1)[:n]
+        return part[np.lexsort((part, scores[part]))]
+    return np.argsort(scores, kind="stable")
+
+
+class BruteForceKnnExec(RankedExec):
+    """Exact nearest rows of one generation or MemTable."""
+
+    def __init__(
+        self,
+        level: Level,
+        column: str,
+        query: np.ndarray,
+        metric: str,
+        k: int,
+        filter: pc.Expression | None,
+        schema: pa.Schema,
+    ) -> None:
+        self.level = level
+        self.column = column
+        self.query = query
+        self.metric = metric
+        self.k = k
+        self.filter = filter
+        self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
+        self._ranked: tuple[np.ndarray, np.ndarray] | None = None
+
+    def describe(self) -> str:
+        f = "" if self.filter is None else f", filter={self.filter}"
+        return (
+            f"BruteForceKnnExec: {self.level.kind} {self.level.generation} of region "
+            f"{short_id(self.level.region_id)}, column={self.column}, metric={self.metric}{f}"
+        )
+
+    def _candidates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of the matching rows, their distances), computed once."""
+        if self._ranked is None:
+            matrix, usable = level_cached(
+                self.level, f"vectors:{self.column}", lambda: _vectors(self.level, self.column)
+            )
+            mask = usable if self.filter is None else usable & filter_mask(self.level, self.filter)
+            positions = np.flatnonzero(mask)
+            self._ranked = positions, distances(matrix[positions], self.query, self.metric)
+        return self._ranked
+
+    def top(self, n: int) -> pa.Table:
+        positions, dist = self._candidates()
+        order = ranked_positions(dist, n)[:n]
+        rows = take_rows(self.level, positions[order], self.schema.names[:-1])
+        return rows.append_column(DISTANCE, pa.array(dist[order], pa.float32()))
+
+
+class LanceKnnExec(RankedExec):
+    """Lance's nearest rows of the base table (through its vector index when it has one)."""
+
+    def __init__(
+        self,
+        base: lance.LanceDataset,
+        column: str,
+        query: np.ndarray,
+        metric: str,
+        k: int,
+        filter: pc.Expression | None,
+        schema: pa.Schema,
+        nprobes: int | None = None,
+        refine_factor: int | None = None,
+    ) -> None:
+        self.base = base
+        self.column = column
+        self.query = query
+        self.metric = metric
+        self.k = k
+        self.filter = filter
+        self.table_schema = schema
+        self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
+        self.nprobes = nprobes
+        self.refine_factor = refine_factor
+
+    def describe(self) -> str:
+        f = "" if self.filter is None else f", prefilter={self.filter}"
+        return (
+            f"LanceKnnExec: base v{self.base.version}, column={self.column}, metric={self.metric}, "
+            f"nprobes={self.nprobes}, refine_factor={self.refine_factor}{f}"
+        )
+
+    def top(self, n: int) -> pa.Table:
+        sql, residual = split_for_lance(self.filter, self.table_schema)
+        columns = self.table_schema.names
+
+        def fetch(m: int) -> pa.Table:
+            nearest: dict[str, Any] = {"column": self.column, "q": self.query, "k": m, "metric": self.metric}
+            if self.nprobes is not None:
+                nearest["nprobes"] = self.nprobes
+            if self.refine_factor is not None:
+                nearest["refine_factor"] = self.refine_factor
+            rows = self.base.to_table(columns=columns, nearest=nearest, filter=sql, prefilter=sql is not None)
+            return rows.select([*columns, DISTANCE]).cast(self.schema)
+
+        def keep(rows: pa.Table) -> pa.Table:
+            return rows if residual is None else rows.filter(residual)
+
+        return grow(fetch, keep, n, n)
