@@ -110,7 +110,13 @@ class _Setup:
 
     @property
     def every_level(self) -> list[Any]:
+        """The levels of the regions read (after pruning)."""
         return [lv for r in self.regions for lv in r.levels]
+
+    @property
+    def all_levels(self) -> list[Any]:
+        """The levels of every region, pruned or not."""
+        return [lv for r in self.snapshot.regions for lv in r.levels]
 
 
 def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
@@ -186,14 +192,15 @@ def plan_fts(
     arms = []
     if base.get_fragments():
         arms.append(
-            Bm25Exec.for_base(base, column, tokenizer, terms, k, s.filter, schema, s.newer(s.every_level))
+            Bm25Exec.for_base(base, column, tokenizer, terms, k, s.filter, schema, s.newer(s.all_levels))
         )
-    for region in s.regions:
+    searched = {id(r) for r in s.regions}
+    for region in s.snapshot.regions:  # pruned regions too: the statistics cover the whole table
         for i, level in enumerate(region.levels):
+            newer = s.newer(region.levels[:i])
+            searchable = id(region) in searched
             arms.append(
-                Bm25Exec.for_level(
-                    level, column, tokenizer, terms, k, s.filter, schema, s.newer(region.levels[:i])
-                )
+                Bm25Exec.for_level(level, column, tokenizer, terms, k, s.filter, schema, newer, searchable)
             )
     out_schema = schema.append(pa.field(SCORE, pa.float64()))
     return TopKExec([GlobalBM25Exec(arms, terms, out_schema)], k, SCORE, out_schema, descending=True)

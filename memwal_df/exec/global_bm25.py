@@ -141,6 +141,7 @@ class Bm25Exec(RankedExec):
         terms: Sequence[str],
         k: int,
         live: np.ndarray,
+        eligible: np.ndarray,
         take: Callable[[np.ndarray], pa.Table],
         schema: pa.Schema,
         post_filter: pc.Expression | None = None,
@@ -149,7 +150,8 @@ class Bm25Exec(RankedExec):
         self.index = index
         self.terms = list(terms)
         self.k = k
-        self.live = live
+        self.live = live  # documents of the corpus (statistics)
+        self.eligible = eligible  # documents that may be returned (live, and matching the filter)
         self._take = take
         self.schema = schema.append(pa.field(SCORE, pa.float64()))
         self.post_filter = post_filter
@@ -191,7 +193,7 @@ class Bm25Exec(RankedExec):
             return base.take(pa.array(positions, pa.int64()), columns=schema.names)
 
         label = f"base v{base.version}, live = not in {newer.describe()}"
-        return cls(label, index, terms, k, live, take, schema, filter)
+        return cls(label, index, terms, k, live, live, take, schema, filter)
 
     @classmethod
     def for_level(
@@ -204,7 +206,9 @@ class Bm25Exec(RankedExec):
         filter: pc.Expression | None,
         schema: pa.Schema,
         newer: NewerLevels,
+        searchable: bool = True,
     ) -> Bm25Exec:
+        """A level's ranking; `searchable=False` (a region the filter prunes): statistics only."""
         pk = newer.primary_key
 
         def build() -> TermIndex:
@@ -214,15 +218,19 @@ class Bm25Exec(RankedExec):
         live = index.in_corpus.copy()
         if newer.levels:
             live &= ~newer.holds(index.keys)
-        if filter is not None:
-            live &= filter_mask(level, filter)  # type: ignore[operator]
+        if not searchable:
+            eligible = np.zeros_like(live)
+        elif filter is None:
+            eligible = live
+        else:
+            eligible = live & filter_mask(level, filter)  # type: ignore[operator]
 
         def take(positions: np.ndarray) -> pa.Table:
             return take_rows(level, positions, schema.names)
 
         where = f"{level.kind} {level.generation} of region {short_id(level.region_id)}"
-        label = f"{where}, live = not in {newer.describe()}"
-        return cls(label, index, terms, k, live, take, schema)
+        label = f"{where}, live = not in {newer.describe()}" + ("" if searchable else " (statistics only)")
+        return cls(label, index, terms, k, live, eligible, take, schema)
 
     def describe(self) -> str:
         f = "" if self.post_filter is None else f", filter={self.post_filter}"
@@ -234,14 +242,14 @@ class Bm25Exec(RankedExec):
         return CorpusStats(int(self.live.sum()), int(self.index.doc_len[self.live].sum()), df)
 
     def _ranked(self) -> tuple[np.ndarray, np.ndarray]:
-        """(live documents holding a query term, their scores), best first."""
+        """(eligible documents holding a query term, their scores), best first."""
         assert self.stats is not None, "GlobalBM25Exec sets the statistics first"
         stats, index = self.stats, self.index
         parts_docs, parts_scores = [], []
         norm = K1 * (1 - B + B * index.doc_len / stats.avgdl) if stats.num_docs else None
         for idf, term in zip(stats.idf(), self.terms, strict=True):
             docs, tf = index.postings(term)
-            alive = self.live[docs]
+            alive = self.eligible[docs]
             docs, tf = docs[alive], tf[alive]
             if len(docs):
                 assert norm is not None
