@@ -26,10 +26,10 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import InvalidConfigError
 from memwal_df.exec.base import ExecNode
-from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels, RankedExec
+from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
 from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, GlobalBM25Exec
 from memwal_df.exec.knn import DISTANCE, METRICS, BruteForceKnnExec, LanceKnnExec, query_vector
-from memwal_df.exec.topk import TopKExec
+from memwal_df.exec.ranked import RankedExec, TopKExec
 from memwal_df.planner import key_type, prune_regions
 from memwal_df.predicate import column_predicates
 from memwal_df.snapshot import ReadSnapshot, RegionLevels, take_snapshot
@@ -109,6 +109,10 @@ class _Setup:
         return NewerLevels(levels, self.snapshot.schema.primary_key, key_type(self.snapshot))
 
     @property
+    def primary_key(self) -> list[str]:
+        return list(self.snapshot.schema.primary_key)
+
+    @property
     def every_level(self) -> list[Any]:
         """The levels of the regions read (after pruning)."""
         return [lv for r in self.regions for lv in r.levels]
@@ -137,8 +141,8 @@ def _index_details(base: lance.LanceDataset, column: str, kind: str) -> dict[str
     return None
 
 
-def _stale_filtered(arm: RankedExec, newer: NewerLevels, k: int) -> ExecNode:
-    return FilterStaleExec(arm, newer, k, OVERFETCH) if newer.levels else arm
+def _stale_filtered(arm: RankedExec, newer: NewerLevels) -> RankedExec:
+    return FilterStaleExec(arm, newer, OVERFETCH) if newer.levels else arm
 
 
 def plan_vector_search(
@@ -159,14 +163,14 @@ def plan_vector_search(
     index = _index_details(base, column, "vector")
     metric = (opts.metric or (index or {}).get("metric_type") or "l2").lower()
     refine = opts.refine_factor if opts.refine_factor is not None else (1 if index else None)
-    arms: list[ExecNode] = []
+    arms: list[RankedExec] = []
     if base.get_fragments():
         arm = LanceKnnExec(base, column, q, metric, k, s.filter, schema, opts.nprobes, refine)
-        arms.append(_stale_filtered(arm, s.newer(s.every_level), k))
+        arms.append(_stale_filtered(arm, s.newer(s.every_level)))
     for region in s.regions:
         for i, level in enumerate(region.levels):
-            knn = BruteForceKnnExec(level, column, q, metric, k, s.filter, schema)
-            arms.append(_stale_filtered(knn, s.newer(region.levels[:i]), k))
+            knn = BruteForceKnnExec(level, column, q, metric, k, s.filter, schema, s.primary_key)
+            arms.append(_stale_filtered(knn, s.newer(region.levels[:i])))
     return TopKExec(arms, k, DISTANCE, schema.append(pa.field(DISTANCE, pa.float32())))
 
 
@@ -203,4 +207,4 @@ def plan_fts(
                 Bm25Exec.for_level(level, column, tokenizer, terms, k, s.filter, schema, newer, searchable)
             )
     out_schema = schema.append(pa.field(SCORE, pa.float64()))
-    return TopKExec([GlobalBM25Exec(arms, terms, out_schema)], k, SCORE, out_schema, descending=True)
+    return GlobalBM25Exec(arms, terms, k, out_schema)

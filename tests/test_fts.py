@@ -216,4 +216,4 @@ def test_sql_results_are_relations(lsm: SearchLsm) -> None:
     lines = ctx.sql("SELECT line FROM memwal_explain_search('fts', 't', 'text', 'apple', 5)").to_pandas()[
         "line"
     ]
-    assert any(x.strip().startswith("GlobalBM25Exec: terms=['apple'], docs=") for x in lines)
+    assert lines[0].startswith("GlobalBM25Exec: k=5, order_by=[_score DESC], terms=['apple'], docs=")

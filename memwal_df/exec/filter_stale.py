@@ -5,21 +5,21 @@ MemTables). A candidate from level L is stale when its key exists in a level new
 generation or MemTable, the newer levels of its region; for the base table, every unmerged level of
 the regions read. Tombstones count: the older versions of a deleted key are stale.
 
-`NewerLevels` answers "which of these keys does a newer level hold": each newer level's primary-key
-bloom filter is asked first (spec "FilterStaleExec"), and only keys it may hold are checked against the
-level's exact key set, so a bloom false positive never drops a live row. A generation's key set is read
-once per process (generations never change); a MemTable's once per query.
+`NewerLevels` answers "which of these keys does a newer level hold" exactly, with each level's key
+set (read once per process for a generation, which never changes; once per query for a MemTable).
+The level's primary-key bloom filter (spec "FilterStaleExec") is the pre-check while a generation's
+key set is not in memory yet: when it rules out every candidate, the key set is not read at all. A
+bloom false positive therefore costs a read, never a live row.
 
-`FilterStaleExec` makes a level's search exact despite stale rows: it asks its ranked child for the
-best `n` candidates (n = k * overfetch at first), drops the stale ones, and asks again with 4n while
-fewer than `k` survive and the child has more. Guarantees: the output is the child's best `k` live
-candidates of the last round (all of them when the level holds fewer), best first.
+`FilterStaleExec` makes a level's search exact despite stale rows: it asks its child for the best `n`
+candidates (n = k * overfetch at first), drops the stale ones, and asks again with 4n while fewer
+than `k` survive and the child has more. Guarantees: `top(k)` is the child's best `k` live candidates
+of the last round (all of them when the level holds fewer), best first.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -28,11 +28,16 @@ from memwal_df.bloom import hash_primary_keys
 from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.keyset import KeySet, key_array
-from memwal_df.snapshot import Level
+from memwal_df.exec.ranked import RankedExec, grow
+from memwal_df.snapshot import GENERATIONS, Level
 
-__all__ = ["FilterStaleExec", "NewerLevels", "RankedExec", "grow"]
+__all__ = ["FilterStaleExec", "NewerLevels", "level_key_set"]
 
 _MEMTABLE_KEYS: PerObjectCache[Level, KeySet | None] = PerObjectCache()
+
+
+def _key_set_name(primary_key: Sequence[str]) -> str:
+    return "keyset:" + ",".join(primary_key)
 
 
 def level_key_set(level: Level, primary_key: Sequence[str], key_type: pa.DataType) -> KeySet | None:
@@ -45,7 +50,14 @@ def level_key_set(level: Level, primary_key: Sequence[str], key_type: pa.DataTyp
 
     if level.kind == "memtable":
         return _MEMTABLE_KEYS.get(level, build)
-    return level.cached(f"keyset:{','.join(pk)}", build)
+    return level.cached(_key_set_name(pk), build)
+
+
+def _key_set_in_memory(level: Level, primary_key: Sequence[str]) -> KeySet | None:
+    """A generation's key set if this process has read it already (never reads it)."""
+    if level.kind != "generation":
+        return None
+    return GENERATIONS.get(level.uri, _key_set_name(primary_key), lambda: None)  # type: ignore[no-any-return]
 
 
 class NewerLevels:
@@ -57,26 +69,34 @@ class NewerLevels:
         self.key_type = key_type
 
     def describe(self) -> str:
-        return (
-            "["
-            + ", ".join(f"bf[region {short_id(lv.region_id)}][gen={lv.generation}]" for lv in self.levels)
-            + "]"
+        names = (
+            f"{'bf' if lv.kind == 'generation' else 'memtable'}[region {short_id(lv.region_id)}]"
+            f"[gen={lv.generation}]"
+            for lv in self.levels
         )
+        return "[" + ", ".join(names) + "]"
 
-    def key_sets(self) -> list[KeySet]:
-        """The exact key set of each newer level that still exists."""
-        sets = (level_key_set(lv, self.primary_key, self.key_type) for lv in self.levels)
-        return [s for s in sets if s is not None]
-
-    def holds(self, keys: pa.Array) -> np.ndarray:
-        """Bool per key: a newer level holds it (exact key sets only: for whole levels)."""
+    def holds(self, keys: pa.Array, owner: Level | None = None) -> np.ndarray:
+        """Bool per key (a `key_array`): a newer level holds it. For whole levels (no bloom check):
+        when `keys` are all of generation `owner`'s keys, the answer of each newer generation is kept
+        with `owner` (two generations never change)."""
         out = np.zeros(len(keys), dtype=bool)
-        for key_set in self.key_sets():
-            out |= key_set.contains(keys)
+        for level in self.levels:
+
+            def hits(level: Level = level) -> np.ndarray | None:
+                key_set = level_key_set(level, self.primary_key, self.key_type)
+                return None if key_set is None else key_set.contains(keys)
+
+            if owner is not None and owner.kind == "generation" and level.kind == "generation":
+                hit = owner.cached(f"held-by:{level.uri}:{','.join(self.primary_key)}", hits)
+            else:
+                hit = hits()
+            if hit is not None:
+                out |= hit
         return out
 
-    def stale(self, rows: pa.Table | pa.RecordBatch) -> np.ndarray:
-        """Bool per row: a newer level holds the row's key (bloom pre-check, then exact)."""
+    def stale(self, rows: pa.Table) -> np.ndarray:
+        """Bool per row (its key columns): a newer level holds the row's key."""
         n = rows.num_rows
         out = np.zeros(n, dtype=bool)
         if n == 0 or not self.levels:
@@ -88,56 +108,30 @@ class NewerLevels:
             todo = np.flatnonzero(~out)
             if len(todo) == 0:
                 break
-            bloom = level.bloom()
-            if bloom is not None:
+            key_set = _key_set_in_memory(level, self.primary_key)
+            if key_set is None and (bloom := level.bloom()) is not None:
                 if hashes is None:
                     hashes = hash_primary_keys(columns)
                 todo = todo[bloom.contains_hashes(hashes[todo])]
                 if len(todo) == 0:
                     continue
-            key_set = level_key_set(level, self.primary_key, self.key_type)
+            if key_set is None:
+                key_set = level_key_set(level, self.primary_key, self.key_type)
             if key_set is not None:
                 out[todo[key_set.contains(keys.take(pa.array(todo)))]] = True
         return out
 
 
-class RankedExec(ExecNode):
-    """A level's search: `top(n)` is its best `n` rows, best first (fewer only when it has no more);
-    `execute()` yields `top(k)`."""
+class FilterStaleExec(RankedExec):
+    """The best candidates of one level whose key no newer level holds."""
 
-    k: int
-
-    @abstractmethod
-    def top(self, n: int) -> pa.Table:
-        """The best `n` rows of the level, best first."""
-
-    def execute(self) -> Iterator[pa.RecordBatch]:
-        yield from self.top(self.k).to_batches()
-
-
-def grow(
-    fetch: Callable[[int], pa.Table], keep: Callable[[pa.Table], pa.Table], want: int, start: int
-) -> pa.Table:
-    """`keep(fetch(n))` for n = start, 4*start, ... until it has `want` rows or `fetch(n)` returned
-    fewer than `n` (the source is exhausted); the first `want` of them."""
-    n = max(start, want, 1)
-    while True:
-        rows = fetch(n)
-        kept = keep(rows)
-        if kept.num_rows >= want or rows.num_rows < n:
-            return kept.slice(0, want)
-        n *= 4
-
-
-class FilterStaleExec(ExecNode):
-    """The best `k` candidates of one level whose key no newer level holds."""
-
-    def __init__(self, child: RankedExec, newer: NewerLevels, k: int, overfetch: int = 2) -> None:
+    def __init__(self, child: RankedExec, newer: NewerLevels, overfetch: int = 2) -> None:
         self.child = child
         self.newer = newer
-        self.k = k
+        self.k = child.k
+        self.score = child.score
+        self.descending = child.descending
         self.overfetch = overfetch
-        self.schema = child.schema
         self.fetched: int | None = None  # candidates asked of the child in the last round (after execute)
 
     @property
@@ -152,12 +146,12 @@ class FilterStaleExec(ExecNode):
         self.fetched = n
         return self.child.top(n)
 
-    def _live(self, rows: pa.Table) -> pa.Table:
-        stale = self.newer.stale(rows)
-        return rows.filter(pa.array(~stale)) if stale.any() else rows
+    def _live(self, candidates: pa.Table) -> pa.Table:
+        stale = self.newer.stale(candidates)
+        return candidates.filter(pa.array(~stale)) if stale.any() else candidates
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
-        if self.k <= 0:
-            return
-        start = self.k * self.overfetch if self.newer.levels else self.k
-        yield from grow(self._fetch, self._live, self.k, start).to_batches()
+    def top(self, n: int) -> pa.Table:
+        return grow(self._fetch, self._live, n, n * self.overfetch)
+
+    def rows(self, positions: np.ndarray) -> pa.Table:
+        return self.child.rows(positions)

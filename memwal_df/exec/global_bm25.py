@@ -34,9 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.exec._levels import filter_mask, level_cached, read_level, take_rows
-from memwal_df.exec.base import ExecNode, short_id
-from memwal_df.exec.filter_stale import NewerLevels, RankedExec, grow, level_key_set
+from memwal_df.exec.base import short_id
+from memwal_df.exec.filter_stale import NewerLevels, level_key_set
 from memwal_df.exec.keyset import KeySet, key_array
+from memwal_df.exec.ranked import POSITION, RankedExec, TopKExec, grow
+from memwal_df.predicate import referenced_columns
 from memwal_df.snapshot import ImmutableCache, Level
 from memwal_df.tokenizer import Tokenizer
 from memwal_df.wal import TOMBSTONE
@@ -142,7 +144,7 @@ class Bm25Exec(RankedExec):
         k: int,
         live: np.ndarray,
         eligible: np.ndarray,
-        take: Callable[[np.ndarray], pa.Table],
+        take: Callable[[np.ndarray, Sequence[str]], pa.Table],
         schema: pa.Schema,
         post_filter: pc.Expression | None = None,
     ) -> None:
@@ -150,6 +152,8 @@ class Bm25Exec(RankedExec):
         self.index = index
         self.terms = list(terms)
         self.k = k
+        self.score = SCORE
+        self.descending = True
         self.live = live  # documents of the corpus (statistics)
         self.eligible = eligible  # documents that may be returned (live, and matching the filter)
         self._take = take
@@ -189,8 +193,8 @@ class Bm25Exec(RankedExec):
                 hits = index.positions_of(key_set)
             live[hits] = False
 
-        def take(positions: np.ndarray) -> pa.Table:
-            return base.take(pa.array(positions, pa.int64()), columns=schema.names)
+        def take(positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
+            return base.take(pa.array(positions, pa.int64()), columns=list(columns))
 
         label = f"base v{base.version}, live = not in {newer.describe()}"
         return cls(label, index, terms, k, live, live, take, schema, filter)
@@ -217,7 +221,7 @@ class Bm25Exec(RankedExec):
         index = level_cached(level, f"terms:{column}:{tokenizer}", build)
         live = index.in_corpus.copy()
         if newer.levels:
-            live &= ~newer.holds(index.keys)
+            live &= ~newer.holds(index.keys, owner=level)
         if not searchable:
             eligible = np.zeros_like(live)
         elif filter is None:
@@ -225,8 +229,8 @@ class Bm25Exec(RankedExec):
         else:
             eligible = live & filter_mask(level, filter)  # type: ignore[operator]
 
-        def take(positions: np.ndarray) -> pa.Table:
-            return take_rows(level, positions, schema.names)
+        def take(positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
+            return take_rows(level, positions, columns)
 
         where = f"{level.kind} {level.generation} of region {short_id(level.region_id)}"
         label = f"{where}, live = not in {newer.describe()}" + ("" if searchable else " (statistics only)")
@@ -265,43 +269,45 @@ class Bm25Exec(RankedExec):
 
     def top(self, n: int) -> pa.Table:
         docs, scores = self._ranked()
+        if self.post_filter is None:
+            return pa.table({POSITION: docs[:n], SCORE: scores[:n]})
+        needed = sorted(referenced_columns(self.post_filter))
 
         def fetch(m: int) -> pa.Table:
-            rows = self._take(docs[:m])
-            return rows.append_column(SCORE, pa.array(scores[: rows.num_rows], pa.float64()))
+            rows = self._take(docs[:m], needed)
+            return rows.append_column(POSITION, pa.array(docs[:m])).append_column(SCORE, pa.array(scores[:m]))
 
         def keep(rows: pa.Table) -> pa.Table:
-            return rows if self.post_filter is None else rows.filter(self.post_filter)
+            return rows.filter(self.post_filter)
 
-        return grow(fetch, keep, n, n)
+        return grow(fetch, keep, n, n).select([POSITION, SCORE])
+
+    def rows(self, positions: np.ndarray) -> pa.Table:
+        return self._take(positions, self.schema.names[:-1])
 
 
-class GlobalBM25Exec(ExecNode):
-    """Sums the levels' corpus statistics, gives the totals to each level, then runs them."""
+class GlobalBM25Exec(TopKExec):
+    """Sums the levels' corpus statistics, gives the totals to each level, then takes the top `k`."""
 
-    def __init__(self, children: Sequence[Bm25Exec], terms: Sequence[str], schema: pa.Schema) -> None:
-        self._children = list(children)
+    def __init__(self, arms: Sequence[Bm25Exec], terms: Sequence[str], k: int, schema: pa.Schema) -> None:
+        super().__init__(arms, k, SCORE, schema, descending=True)
+        self.bm25_arms = list(arms)
         self.terms = list(terms)
-        self.schema = schema
         self.stats: CorpusStats | None = None
 
-    @property
-    def children(self) -> list[ExecNode]:
-        return list(self._children)
-
     def describe(self) -> str:
-        line = f"GlobalBM25Exec: terms={self.terms}"
+        line = f"GlobalBM25Exec: k={self.k}, order_by=[{SCORE} DESC], terms={self.terms}"
         if self.stats is None:
             return line
         df = dict(zip(self.terms, self.stats.df.astype(int).tolist(), strict=True))
         return line + f", docs={self.stats.num_docs}, avgdl={self.stats.avgdl:.3f}, df={df}"
 
     def execute(self) -> Iterator[pa.RecordBatch]:
-        parts = [c.corpus() for c in self._children]
+        parts = [arm.corpus() for arm in self.bm25_arms]
         df = np.sum([p.df for p in parts], axis=0) if parts else np.zeros(len(self.terms))
         self.stats = CorpusStats(sum(p.num_docs for p in parts), sum(p.total_len for p in parts), df)
         if not self.terms or self.stats.num_docs == 0:
             return
-        for child in self._children:
-            child.stats = self.stats
-            yield from child.execute()
+        for arm in self.bm25_arms:
+            arm.stats = self.stats
+        yield from super().execute()

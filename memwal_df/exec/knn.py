@@ -14,6 +14,7 @@ Distances are Lance's: `l2` is the squared Euclidean distance, `cosine` is 1 - c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lance
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 from memwal_df.errors import InvalidConfigError
 from memwal_df.exec._levels import filter_mask, level_cached, read_level, take_rows
 from memwal_df.exec.base import short_id
-from memwal_df.exec.filter_stale import RankedExec, grow
+from memwal_df.exec.ranked import POSITION, RankedExec, grow
 from memwal_df.predicate import split_for_lance
 from memwal_df.snapshot import Level
 from memwal_df.wal import TOMBSTONE
@@ -66,9 +67,12 @@ def distances(matrix: np.ndarray, q: np.ndarray, metric: str) -> np.ndarray:
     raise InvalidConfigError(f"vector_search: unknown metric {metric!r}; expected one of {METRICS}")
 
 
-def _vectors(level: Level, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(matrix of the level's vectors as float32, bool per position: a live row with a vector)."""
-    rows = read_level(level, [column, TOMBSTONE])
+def _vectors(
+    level: Level, column: str, primary_key: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, pa.Table]:
+    """(matrix of the level's vectors as float32, bool per position: a live row with a vector, the
+    key columns)."""
+    rows = read_level(level, [column, TOMBSTONE, *primary_key])
     vec = rows.column(column).combine_chunks()
     dim = vec.type.list_size
     usable = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
@@ -76,7 +80,7 @@ def _vectors(level: Level, column: str) -> tuple[np.ndarray, np.ndarray]:
         usable &= vec.is_valid().to_numpy(zero_copy_only=False)
         vec = vec.fill_null(pa.scalar([0.0] * dim, vec.type))
     values = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    return values.reshape(-1, dim), usable
+    return values.reshape(-1, dim), usable, rows.select(list(primary_key)).combine_chunks()
 
 
 def ranked_positions(scores: np.ndarray, n: int) -> np.ndarray:
@@ -99,15 +103,18 @@ class BruteForceKnnExec(RankedExec):
         k: int,
         filter: pc.Expression | None,
         schema: pa.Schema,
+        primary_key: Sequence[str],
     ) -> None:
         self.level = level
+        self.primary_key = list(primary_key)
+        self.score = DISTANCE
         self.column = column
         self.query = query
         self.metric = metric
         self.k = k
         self.filter = filter
         self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
-        self._ranked: tuple[np.ndarray, np.ndarray] | None = None
+        self._ranked: tuple[np.ndarray, np.ndarray, pa.Table] | None = None
 
     def describe(self) -> str:
         f = "" if self.filter is None else f", filter={self.filter}"
@@ -116,22 +123,26 @@ class BruteForceKnnExec(RankedExec):
             f"{short_id(self.level.region_id)}, column={self.column}, metric={self.metric}{f}"
         )
 
-    def _candidates(self) -> tuple[np.ndarray, np.ndarray]:
-        """(positions of the matching rows, their distances), computed once."""
+    def _candidates(self) -> tuple[np.ndarray, np.ndarray, pa.Table]:
+        """(positions of the matching rows, their distances, the level's keys), computed once."""
         if self._ranked is None:
-            matrix, usable = level_cached(
-                self.level, f"vectors:{self.column}", lambda: _vectors(self.level, self.column)
+            name = f"vectors:{self.column}:{','.join(self.primary_key)}"
+            matrix, usable, keys = level_cached(
+                self.level, name, lambda: _vectors(self.level, self.column, self.primary_key)
             )
             mask = usable if self.filter is None else usable & filter_mask(self.level, self.filter)
             positions = np.flatnonzero(mask)
-            self._ranked = positions, distances(matrix[positions], self.query, self.metric)
+            self._ranked = positions, distances(matrix[positions], self.query, self.metric), keys
         return self._ranked
 
     def top(self, n: int) -> pa.Table:
-        positions, dist = self._candidates()
+        positions, dist, keys = self._candidates()
         order = ranked_positions(dist, n)[:n]
-        rows = take_rows(self.level, positions[order], self.schema.names[:-1])
-        return rows.append_column(DISTANCE, pa.array(dist[order], pa.float32()))
+        at = pa.array(positions[order])
+        return keys.take(at).append_column(POSITION, at).append_column(DISTANCE, pa.array(dist[order]))
+
+    def rows(self, positions: np.ndarray) -> pa.Table:
+        return take_rows(self.level, positions, self.schema.names[:-1])
 
 
 class LanceKnnExec(RankedExec):
@@ -150,6 +161,7 @@ class LanceKnnExec(RankedExec):
         refine_factor: int | None = None,
     ) -> None:
         self.base = base
+        self.score = DISTANCE
         self.column = column
         self.query = query
         self.metric = metric
@@ -159,6 +171,7 @@ class LanceKnnExec(RankedExec):
         self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
         self.nprobes = nprobes
         self.refine_factor = refine_factor
+        self._last: pa.Table | None = None  # the rows of the last `top`, by position
 
     def describe(self) -> str:
         f = "" if self.filter is None else f", prefilter={self.filter}"
@@ -169,7 +182,7 @@ class LanceKnnExec(RankedExec):
 
     def top(self, n: int) -> pa.Table:
         sql, residual = split_for_lance(self.filter, self.table_schema)
-        columns = self.table_schema.names
+        columns = [*self.table_schema.names, DISTANCE]
 
         def fetch(m: int) -> pa.Table:
             nearest: dict[str, Any] = {"column": self.column, "q": self.query, "k": m, "metric": self.metric}
@@ -178,9 +191,14 @@ class LanceKnnExec(RankedExec):
             if self.refine_factor is not None:
                 nearest["refine_factor"] = self.refine_factor
             rows = self.base.to_table(columns=columns, nearest=nearest, filter=sql, prefilter=sql is not None)
-            return rows.select([*columns, DISTANCE]).cast(self.schema)
+            self._last = rows.select(columns).cast(self.schema)
+            return self._last.append_column(POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
 
         def keep(rows: pa.Table) -> pa.Table:
             return rows if residual is None else rows.filter(residual)
 
         return grow(fetch, keep, n, n)
+
+    def rows(self, positions: np.ndarray) -> pa.Table:
+        assert self._last is not None, "top() first"
+        return self._last.take(pa.array(positions)).drop_columns([DISTANCE])
