@@ -146,9 +146,9 @@ def main() -> None:
 
     def vec_sql(table: str, i: int) -> pa.Table:
         lit = "[" + ",".join(f"{x:.7g}" for x in qs[i]) + "]"
-        return ctx.sql(
-            f"SELECT * FROM vector_search('{table}', 'vec', {lit}, {K}, named_struct('nprobes', {args.nprobes}))"
-        ).to_arrow_table()
+        options = f"named_struct('nprobes', {args.nprobes})"
+        query = f"SELECT * FROM vector_search('{table}', 'vec', {lit}, {K}, {options})"
+        return ctx.sql(query).to_arrow_table()
 
     def fts_sql(table: str, i: int) -> pa.Table:
         return ctx.sql(f"SELECT * FROM fts('{table}', 'text', '{texts[i]}', {K})").to_arrow_table()
