@@ -48,7 +48,7 @@ __all__ = ["B", "K1", "SCORE", "Bm25Exec", "CorpusStats", "GlobalBM25Exec", "Ter
 SCORE = "_score"
 K1 = 1.2
 B = 0.75
-_BASE_INDEXES = ImmutableCache(capacity=4)  # term indexes of pinned base versions (large)
+_BASE_INDEXES = ImmutableCache(capacity=2)  # term indexes of pinned base versions (large)
 
 
 @dataclass
@@ -86,8 +86,8 @@ class TermIndex:
             keys=key_array([rows.column(c) for c in primary_key]),
             vocab={t: i for i, t in enumerate(tokens.dictionary.to_pylist())},
             offsets=offsets,
-            docs=(pairs // vocab_size)[order],
-            tf=tf[order].astype(np.float64),
+            docs=(pairs // vocab_size)[order].astype(np.int32 if n < 2**31 else np.int64),
+            tf=tf[order].astype(np.int32),
         )
 
     def positions_of(self, key_set: KeySet) -> np.ndarray:
@@ -112,7 +112,7 @@ class TermIndex:
         """(documents holding `term`, its frequency in each)."""
         i = self.vocab.get(term)
         if i is None:
-            return np.zeros(0, np.int64), np.zeros(0, np.float64)
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
         lo, hi = self.offsets[i], self.offsets[i + 1]
         return self.docs[lo:hi], self.tf[lo:hi]
 
