@@ -31,43 +31,51 @@ SCHEMA = pa.schema(
     ]
 )
 
+STR_SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), *list(SCHEMA)[1:]])
+
 Row = dict[str, Any]
 Predicate = Callable[[Row], bool]
 
 
-def make_rows(ids: list[int], seed: int) -> pa.Table:
-    """Rows for `ids`: category a/b/c, text of 1-8 words (Zipf-like), a random vector; seeded."""
+def make_rows(ids: list[int], seed: int, str_keys: bool = False) -> pa.Table:
+    """Rows for `ids` (as strings `k007` with `str_keys`): category a/b/c, text of 1-8 words
+    (Zipf-like), a random vector; seeded."""
     rng = np.random.default_rng(seed)
     n = len(ids)
     weights = 1.0 / np.arange(1, len(WORDS) + 1)
     texts = [" ".join(rng.choice(WORDS, int(rng.integers(1, 9)), p=weights / weights.sum())) for _ in ids]
     return pa.table(
         {
-            "id": pa.array(ids, pa.int64()),
+            "id": pa.array([f"k{i:03d}" for i in ids]) if str_keys else pa.array(ids, pa.int64()),
             "category": [["a", "b", "c"][int(x)] for x in rng.integers(0, 3, n)],
             "text": texts,
             "vec": pa.FixedSizeListArray.from_arrays(
                 pa.array(rng.standard_normal(n * DIM, dtype=np.float32)), DIM
             ),
         },
-        schema=SCHEMA,
+        schema=STR_SCHEMA if str_keys else SCHEMA,
     )
 
 
 class SearchLsm:
     """A MemWAL table (bucket regions) with an open writer; `rows()` is the deduplicated truth."""
 
-    def __init__(self, uri: str, base_ids: list[int], seed: int = 0, regions: int = 2) -> None:
+    def __init__(
+        self, uri: str, base_ids: list[int], seed: int = 0, regions: int = 2, str_keys: bool = False
+    ) -> None:
         self.uri = uri
-        base = make_rows(base_ids, seed) if base_ids else SCHEMA.empty_table()
+        self.str_keys = str_keys
+        schema = STR_SCHEMA if str_keys else SCHEMA
+        base = make_rows(base_ids, seed, str_keys) if base_ids else schema.empty_table()
         self.table = mw.create_table(uri, base, primary_key="id", region_spec=mw.bucket("id", regions))
         self.writer = self.table.writer(durable=True, max_memtable_rows=100_000)
 
     def put(self, ids: list[int], seed: int) -> None:
-        self.writer.put(make_rows(ids, seed))
+        self.writer.put(make_rows(ids, seed, self.str_keys))
 
     def delete(self, ids: list[int]) -> None:
-        self.writer.delete(pa.table({"id": pa.array(ids, pa.int64())}))
+        keys = [f"k{i:03d}" for i in ids] if self.str_keys else ids
+        self.writer.delete(pa.table({"id": pa.array(keys, pa.string() if self.str_keys else pa.int64())}))
 
     def flush(self) -> None:
         self.writer.flush()

@@ -217,3 +217,14 @@ def test_sql_results_are_relations(lsm: SearchLsm) -> None:
         "line"
     ]
     assert lines[0].startswith("GlobalBM25Exec: k=5, order_by=[_score DESC], terms=['apple'], docs=")
+
+
+def test_string_keys(tmp_path: Path) -> None:
+    """Keys of another type: the base's newer keys are located by hash lookup, not binary search."""
+    lsm = SearchLsm(str(tmp_path / "t"), list(range(150)), str_keys=True)
+    with_index(lsm.uri)
+    history(lsm)
+    truth = lsm.rows()
+    for query in QUERIES:
+        assert_bm25(fts(lsm, query, 10), truth, bm25(truth, query), 10)
+    lsm.close()

@@ -231,3 +231,13 @@ def test_sql_results_are_relations(lsm: SearchLsm) -> None:
 def test_bad_input_raises_typed_errors(lsm: SearchLsm, args: tuple[Any, ...], match: str) -> None:
     with pytest.raises(InvalidConfigError, match=match):
         plan_vector_search(lsm.reader(), *args)
+
+
+def test_string_keys(tmp_path: Path) -> None:
+    """Keys of another type: key sets, bloom pre-check and region routing by string."""
+    lsm = SearchLsm(str(tmp_path / "t"), list(range(150)), str_keys=True)
+    history(lsm)
+    truth = lsm.rows()
+    for q in QUERIES:
+        assert_exact(search(lsm, q, 10), truth, nearest(truth, q, 10))
+    lsm.close()
