@@ -185,8 +185,10 @@ def test_newer_levels_exact_despite_bloom(lsm: SearchLsm) -> None:
         held |= set(level.keys(["id"]).to_pylist())
     probe = pa.table({"id": pa.array(np.arange(-50, 400), pa.int64())})
     want = np.array([k in held for k in probe.column("id").to_pylist()])
-    assert (newer.stale(probe) == want).all()
-    assert (newer.holds(probe.column("id").combine_chunks()) == want).all()
+    assert (newer.stale(probe) == want).all()  # bloom pre-check where a key set is not read yet
+    assert (newer.holds(probe.column("id").combine_chunks()) == want).all()  # reads every key set
+    assert newer._generations_union() is not None
+    assert (newer.stale(probe) == want).all()  # through the union of the generations' key sets
 
 
 def test_sql_results_are_relations(lsm: SearchLsm) -> None:

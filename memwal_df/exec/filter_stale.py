@@ -9,7 +9,8 @@ the regions read. Tombstones count: the older versions of a deleted key are stal
 set (read once per process for a generation, which never changes; once per query for a MemTable).
 The level's primary-key bloom filter (spec "FilterStaleExec") is the pre-check while a generation's
 key set is not in memory yet: when it rules out every candidate, the key set is not read at all. A
-bloom false positive therefore costs a read, never a live row.
+bloom false positive therefore costs a read, never a live row. Once the key sets of all the newer
+generations are in memory, their union is kept (per set of generations) and probed once.
 
 `FilterStaleExec` makes a level's search exact despite stale rows: it asks its child for the best `n`
 candidates (n = k * overfetch at first), drops the stale ones, and asks again with 4n while fewer
@@ -19,6 +20,7 @@ of the last round (all of them when the level holds fewer), best first.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -95,6 +97,24 @@ class NewerLevels:
                 out |= hit
         return out
 
+    def _generations_union(self) -> KeySet | None:
+        """One key set of all the newer generations, once each of their key sets is in memory (then
+        kept per process: generations never change); None before that."""
+        generations = [lv for lv in self.levels if lv.kind == "generation"]
+        if len(generations) < 2:
+            return None
+        digest = hashlib.sha256("\n".join(lv.uri for lv in generations).encode()).hexdigest()
+        name = f"union:{digest}:{','.join(self.primary_key)}"
+        owner = generations[0]
+        union = GENERATIONS.get(owner.uri, name, lambda: None)
+        if union is not None:
+            return union  # type: ignore[no-any-return]
+        sets = [_key_set_in_memory(lv, self.primary_key) for lv in generations]
+        if any(key_set is None for key_set in sets):
+            return None
+        arrays = [key_set.to_array() for key_set in sets if key_set is not None]
+        return owner.cached(name, lambda: KeySet.union(arrays, self.key_type))  # type: ignore[no-any-return]
+
     def stale(self, rows: pa.Table) -> np.ndarray:
         """Bool per row (its key columns): a newer level holds the row's key."""
         n = rows.num_rows
@@ -103,8 +123,13 @@ class NewerLevels:
             return out
         columns = [rows.column(c) for c in self.primary_key]
         keys = key_array(columns)
+        levels = self.levels
+        union = self._generations_union()
+        if union is not None:
+            out |= union.contains(keys)
+            levels = [lv for lv in levels if lv.kind != "generation"]
         hashes: np.ndarray | None = None
-        for level in self.levels:
+        for level in levels:
             todo = np.flatnonzero(~out)
             if len(todo) == 0:
                 break

@@ -15,6 +15,7 @@ Distances are Lance's: `l2` is the squared Euclidean distance, `cosine` is 1 - c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lance
@@ -67,20 +68,38 @@ def distances(matrix: np.ndarray, q: np.ndarray, metric: str) -> np.ndarray:
     raise InvalidConfigError(f"vector_search: unknown metric {metric!r}; expected one of {METRICS}")
 
 
-def _vectors(
-    level: Level, column: str, primary_key: Sequence[str]
-) -> tuple[np.ndarray, np.ndarray, pa.Table]:
-    """(matrix of the level's vectors as float32, bool per position: a live row with a vector, the
-    key columns)."""
-    rows = read_level(level, [column, TOMBSTONE, *primary_key])
-    vec = rows.column(column).combine_chunks()
-    dim = vec.type.list_size
-    usable = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
-    if vec.null_count:
-        usable &= vec.is_valid().to_numpy(zero_copy_only=False)
-        vec = vec.fill_null(pa.scalar([0.0] * dim, vec.type))
-    values = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    return values.reshape(-1, dim), usable, rows.select(list(primary_key)).combine_chunks()
+@dataclass(frozen=True)
+class LevelVectors:
+    """A level's vectors (float32, one row per position), their squared norms, which positions are
+    live rows with a vector, and the key columns."""
+
+    matrix: np.ndarray
+    sqnorms: np.ndarray
+    usable: np.ndarray
+    keys: pa.Table
+
+    @classmethod
+    def read(cls, level: Level, column: str, primary_key: Sequence[str]) -> LevelVectors:
+        rows = read_level(level, [column, TOMBSTONE, *primary_key])
+        vec = rows.column(column).combine_chunks()
+        dim = vec.type.list_size
+        usable = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+        if vec.null_count:
+            usable &= vec.is_valid().to_numpy(zero_copy_only=False)
+            vec = vec.fill_null(pa.scalar([0.0] * dim, vec.type))
+        matrix = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+        sqnorms = np.einsum("ij,ij->i", matrix, matrix)
+        return cls(matrix, sqnorms, usable, rows.select(list(primary_key)).combine_chunks())
+
+    def approximate(self, q: np.ndarray, metric: str) -> tuple[np.ndarray, float]:
+        """(each row's distance to `q` from one matrix-vector product, a bound on its error): for
+        `l2`, |x|^2 - 2 x.q + |q|^2 loses precision when x is near q; the other metrics are exact."""
+        if metric != "l2" or len(self.matrix) == 0:
+            return distances(self.matrix, q, metric), 0.0
+        qq = float(q @ q)
+        approx = self.sqnorms - 2 * (self.matrix @ q) + np.float32(qq)
+        eps = float(np.finfo(np.float32).eps)
+        return approx, 4 * (self.matrix.shape[1] + 2) * eps * (float(self.sqnorms.max()) + qq)
 
 
 def ranked_positions(scores: np.ndarray, n: int) -> np.ndarray:
@@ -114,7 +133,7 @@ class BruteForceKnnExec(RankedExec):
         self.k = k
         self.filter = filter
         self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
-        self._ranked: tuple[np.ndarray, np.ndarray, pa.Table] | None = None
+        self._ranked: tuple[LevelVectors, np.ndarray, int, float] | None = None
 
     def describe(self) -> str:
         f = "" if self.filter is None else f", filter={self.filter}"
@@ -123,23 +142,41 @@ class BruteForceKnnExec(RankedExec):
             f"{short_id(self.level.region_id)}, column={self.column}, metric={self.metric}{f}"
         )
 
-    def _candidates(self) -> tuple[np.ndarray, np.ndarray, pa.Table]:
-        """(positions of the matching rows, their distances, the level's keys), computed once."""
+    def _candidates(self) -> tuple[LevelVectors, np.ndarray, int, float]:
+        """(the level's vectors, approximate distances (inf where not a candidate), number of
+        candidates, error bound of the approximation), computed once."""
         if self._ranked is None:
             name = f"vectors:{self.column}:{','.join(self.primary_key)}"
-            matrix, usable, keys = level_cached(
-                self.level, name, lambda: _vectors(self.level, self.column, self.primary_key)
+            vectors = level_cached(
+                self.level, name, lambda: LevelVectors.read(self.level, self.column, self.primary_key)
             )
-            mask = usable if self.filter is None else usable & filter_mask(self.level, self.filter)
-            positions = np.flatnonzero(mask)
-            self._ranked = positions, distances(matrix[positions], self.query, self.metric), keys
+            mask = (
+                vectors.usable
+                if self.filter is None
+                else vectors.usable & filter_mask(self.level, self.filter)
+            )
+            approx, bound = vectors.approximate(self.query, self.metric)
+            approx = np.where(mask, approx, np.inf)
+            self._ranked = vectors, approx, int(mask.sum()), bound
         return self._ranked
 
     def top(self, n: int) -> pa.Table:
-        positions, dist, keys = self._candidates()
-        order = ranked_positions(dist, n)[:n]
-        at = pa.array(positions[order])
-        return keys.take(at).append_column(POSITION, at).append_column(DISTANCE, pa.array(dist[order]))
+        """The `n` nearest candidates by exact distance: those the approximation cannot rule out
+        (within its error bound of the n-th), re-ranked with exact distances."""
+        vectors, approx, count, bound = self._candidates()
+        n = min(n, count)
+        if n == 0:
+            at = np.zeros(0, np.int64)
+            exact = np.zeros(0, np.float32)
+        else:
+            nth = approx[np.argpartition(approx, n - 1)[n - 1]]
+            near = np.flatnonzero(approx <= nth + 2 * bound)
+            exact = distances(vectors.matrix[near], self.query, self.metric)
+            best = ranked_positions(exact, n)[:n]
+            at, exact = near[best], exact[best]
+        positions = pa.array(at, pa.int64())
+        keys = vectors.keys.take(positions)
+        return keys.append_column(POSITION, positions).append_column(DISTANCE, pa.array(exact, pa.float32()))
 
     def rows(self, positions: np.ndarray) -> pa.Table:
         return take_rows(self.level, positions, self.schema.names[:-1])
