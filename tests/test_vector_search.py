@@ -17,7 +17,7 @@ from search_oracle import DIM, SearchLsm, make_rows, nearest
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
-from memwal_df.exec.filter_stale import NewerLevels
+from memwal_df.exec.filter_stale import NewerLevels, level_key_set
 from memwal_df.search import plan_vector_search
 from memwal_df.snapshot import take_snapshot
 
@@ -186,7 +186,8 @@ def test_newer_levels_exact_despite_bloom(lsm: SearchLsm) -> None:
     probe = pa.table({"id": pa.array(np.arange(-50, 400), pa.int64())})
     want = np.array([k in held for k in probe.column("id").to_pylist()])
     assert (newer.stale(probe) == want).all()  # bloom pre-check where a key set is not read yet
-    assert (newer.holds(probe.column("id").combine_chunks()) == want).all()  # reads every key set
+    for level in levels:  # every key set read
+        level_key_set(level, ["id"], pa.int64())
     assert newer._generations_union() is not None
     assert (newer.stale(probe) == want).all()  # through the union of the generations' key sets
 

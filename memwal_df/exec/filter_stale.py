@@ -78,25 +78,6 @@ class NewerLevels:
         )
         return "[" + ", ".join(names) + "]"
 
-    def holds(self, keys: pa.Array, owner: Level | None = None) -> np.ndarray:
-        """Bool per key (a `key_array`): a newer level holds it. For whole levels (no bloom check):
-        when `keys` are all of generation `owner`'s keys, the answer of each newer generation is kept
-        with `owner` (two generations never change)."""
-        out = np.zeros(len(keys), dtype=bool)
-        for level in self.levels:
-
-            def hits(level: Level = level) -> np.ndarray | None:
-                key_set = level_key_set(level, self.primary_key, self.key_type)
-                return None if key_set is None else key_set.contains(keys)
-
-            if owner is not None and owner.kind == "generation" and level.kind == "generation":
-                hit = owner.cached(f"held-by:{level.uri}:{','.join(self.primary_key)}", hits)
-            else:
-                hit = hits()
-            if hit is not None:
-                out |= hit
-        return out
-
     def _generations_union(self) -> KeySet | None:
         """One key set of all the newer generations, once each of their key sets is in memory (then
         kept per process: generations never change); None before that."""

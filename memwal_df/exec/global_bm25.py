@@ -15,9 +15,9 @@ Each level keeps an in-memory term index (postings: documents and term frequenci
 lengths, keys), built with pyarrow/numpy from one read of its key and text columns: once per process
 for a generation, once per pinned version for the base table (Lance 14 does not expose its inverted
 index's postings or statistics through Python), once per query for a MemTable. A level's live
-documents are those whose key no newer level holds (`NewerLevels`, exact key sets); for the base
-table the keys of the newer levels are located in the base's sorted keys, once per
-(generation, base version) pair.
+documents are those whose key no newer level holds (exact key sets): each newer level's keys are
+located among the level's sorted keys, and the answer for a pair of immutable levels (generation or
+base version, newer generation) is kept per process.
 
 Guarantees: `Bm25Exec.top(n)` is the level's `n` best live documents that match the filter, best
 first, ties by position; scores are float64.
@@ -133,6 +133,23 @@ class CorpusStats:
         return np.log1p((self.num_docs - self.df + 0.5) / (self.df + 0.5))
 
 
+def _live(index: TermIndex, newer: NewerLevels, owner: str | None) -> np.ndarray:
+    """The level's corpus documents whose key no newer level holds. Each newer level's keys are
+    located among the level's (one lookup per newer key); when the level is immutable (`owner` names
+    it: a generation, or a base version), a newer generation's answer is kept with that generation."""
+    live = index.in_corpus.copy()
+    for level in newer.levels:
+        key_set = level_key_set(level, newer.primary_key, newer.key_type)
+        if key_set is None:
+            continue
+        if owner is not None and level.kind == "generation":
+            hits = level.cached(f"hides-in:{owner}", lambda ks=key_set: index.positions_of(ks))
+        else:
+            hits = index.positions_of(key_set)
+        live[hits] = False
+    return live
+
+
 class Bm25Exec(RankedExec):
     """BM25 ranking of one level's live documents with the global statistics (set before `top`)."""
 
@@ -179,19 +196,7 @@ class Bm25Exec(RankedExec):
             return TermIndex.build(base.to_table(columns=[*pk, column]), column, pk, tokenizer)
 
         index = _BASE_INDEXES.get(base.uri, f"terms:v{base.version}:{column}:{tokenizer}", build)
-        live = index.in_corpus.copy()
-        for level in newer.levels:
-            key_set = level_key_set(level, pk, newer.key_type)
-            if key_set is None:
-                continue
-            if level.kind == "generation":
-                hits = level.cached(
-                    f"base-hits:{base.uri}:v{base.version}:{column}",
-                    lambda ks=key_set: index.positions_of(ks),
-                )
-            else:
-                hits = index.positions_of(key_set)
-            live[hits] = False
+        live = _live(index, newer, f"{base.uri}:v{base.version}:{column}")
 
         def take(positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
             return base.take(pa.array(positions, pa.int64()), columns=list(columns))
@@ -219,9 +224,7 @@ class Bm25Exec(RankedExec):
             return TermIndex.build(read_level(level, [*pk, column, TOMBSTONE]), column, pk, tokenizer)
 
         index = level_cached(level, f"terms:{column}:{tokenizer}", build)
-        live = index.in_corpus.copy()
-        if newer.levels:
-            live &= ~newer.holds(index.keys, owner=level)
+        live = _live(index, newer, f"{level.uri}:{column}" if level.kind == "generation" else None)
         if not searchable:
             eligible = np.zeros_like(live)
         elif filter is None:
