@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import InvalidConfigError
+from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec.base import ExecNode
 from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
 from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, GlobalBM25Exec
@@ -32,7 +33,7 @@ from memwal_df.exec.knn import DISTANCE, METRICS, BruteForceKnnExec, LanceKnnExe
 from memwal_df.exec.ranked import RankedExec, TopKExec
 from memwal_df.planner import key_type, prune_regions
 from memwal_df.predicate import column_predicates
-from memwal_df.snapshot import ReadSnapshot, RegionLevels, take_snapshot
+from memwal_df.snapshot import Level, ReadSnapshot, RegionLevels, take_snapshot
 from memwal_df.sqlexpr import parse_filter
 from memwal_df.tokenizer import Tokenizer
 
@@ -105,7 +106,7 @@ class _Setup:
     regions: list[RegionLevels]
     filter: pc.Expression | None
 
-    def newer(self, levels: list[Any]) -> NewerLevels:
+    def newer(self, levels: list[Level]) -> NewerLevels:
         return NewerLevels(levels, self.snapshot.schema.primary_key, key_type(self.snapshot))
 
     @property
@@ -113,12 +114,12 @@ class _Setup:
         return list(self.snapshot.schema.primary_key)
 
     @property
-    def every_level(self) -> list[Any]:
+    def every_level(self) -> list[Level]:
         """The levels of the regions read (after pruning)."""
         return [lv for r in self.regions for lv in r.levels]
 
     @property
-    def all_levels(self) -> list[Any]:
+    def all_levels(self) -> list[Level]:
         """The levels of every region, pruned or not."""
         return [lv for r in self.snapshot.regions for lv in r.levels]
 
@@ -130,9 +131,13 @@ def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
     return _Setup(snapshot, regions, flt)
 
 
+_INDEXES: PerObjectCache[lance.LanceDataset, list[Any]] = PerObjectCache()
+
+
 def _index_details(base: lance.LanceDataset, column: str, kind: str) -> dict[str, Any] | None:
-    """The details of the base's index of `kind` (`vector` / `inverted`) on `column`, if any."""
-    for index in base.describe_indices():
+    """The details of the base's index of `kind` (`vector` / `inverted`) on `column`, if any (the
+    indexes of a base dataset object, a pinned version, are described once)."""
+    for index in _INDEXES.get(base, base.describe_indices):
         if list(index.field_names) != [column]:
             continue
         is_vector = "VectorIndexDetails" in index.type_url
