@@ -3,7 +3,8 @@
 Configured from the base table's inverted index (`describe_indices()` details), so that every level
 tokenizes as the base index does; without an index, Lance's defaults minus stemming and stop words.
 Pipeline (Lance 14 / tantivy order, checked against Lance's index in tests/test_fts.py):
-1. split: `simple` on every character that is not a Unicode letter or digit; `whitespace` on whitespace;
+1. split: `simple` on every character that is not a Unicode letter or digit; `whitespace` on Unicode
+   whitespace;
 2. drop tokens of `max_token_length` UTF-8 bytes or more;
 3. lower-case (`lower_case`);
 4. ASCII folding (`ascii_folding`): accents removed (Unicode NFKD without combining marks) plus the
@@ -27,7 +28,8 @@ from memwal_df.errors import InvalidConfigError
 
 __all__ = ["Tokenizer"]
 
-_SPLIT = {"simple": r"[^\p{L}\p{N}]+", "whitespace": r"\s+"}
+_SIMPLE_SPLIT = r"[^\p{L}\p{N}]+"
+_BASE_TOKENIZERS = ("simple", "whitespace")
 _FOLD = str.maketrans(
     {"ß": "ss", "æ": "ae", "Æ": "AE", "ø": "o", "Ø": "O", "œ": "oe", "Œ": "OE", "ł": "l", "Ł": "L",
      "đ": "d", "Đ": "D", "ð": "d", "Ð": "D", "þ": "th", "Þ": "TH", "ı": "i"}
@@ -64,7 +66,7 @@ class Tokenizer:
         if details.get("lance_tokenizer") not in (None, "text"):
             bad.append(f"lance_tokenizer={details['lance_tokenizer']}")
         base = details.get("base_tokenizer") or "simple"
-        if base not in _SPLIT:
+        if base not in _BASE_TOKENIZERS:
             bad.append(f"base_tokenizer={base}")
         if bad:
             raise InvalidConfigError(f"fts: the base table's inverted index uses unsupported settings: {bad}")
@@ -82,7 +84,7 @@ class Tokenizer:
             texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
         if pa.types.is_large_string(texts.type):
             texts = texts.cast(pa.string())
-        lists = pc.split_pattern_regex(texts, _SPLIT[self.base_tokenizer])
+        lists = self._split(texts)
         docs = pc.list_parent_indices(lists).to_numpy()
         tokens = pc.list_flatten(lists)
         keep = pc.greater(pc.binary_length(tokens), 0)
@@ -97,6 +99,18 @@ class Tokenizer:
             folded = pa.array([_fold(t) for t in encoded.dictionary.to_pylist()], pa.string())
             encoded = pc.dictionary_encode(folded.take(encoded.indices))
         return docs, encoded
+
+    def _split(self, texts: pa.Array) -> pa.ListArray:
+        """Each text's raw tokens (possibly empty strings). For `simple`, ASCII texts whose
+        whitespace-separated words are all letters and digits split on whitespace alone (the same
+        tokens, ~10x cheaper than the Unicode regex)."""
+        if self.base_tokenizer == "whitespace":
+            return pc.utf8_split_whitespace(texts)
+        if pc.all(pc.string_is_ascii(texts)).as_py() is not False:
+            words = pc.ascii_split_whitespace(texts)
+            if pc.all(pc.ascii_is_alnum(pc.list_flatten(words))).as_py() is not False:
+                return words
+        return pc.split_pattern_regex(texts, _SIMPLE_SPLIT)
 
     def terms(self, text: str) -> list[str]:
         """The distinct terms of a query, in order of first appearance."""
