@@ -6,7 +6,18 @@ runtime and panic), so `register` keeps memwal_df's own registry: it wraps the c
 
 Functions:
 - `memwal_explain('t', 'filter')`: the operator tree a query on `t` with that filter gets, one row
-  per line (columns `partition`, `line`).
+  per line (column `line`).
+- `vector_search('t', 'column', [query vector], k [, named_struct(...)])`: the `k` nearest live rows
+  (table columns + `_distance`); options `nprobes`, `refine_factor`, `metric`, `filter` (SQL text).
+- `fts('t', 'column', 'query', k [, named_struct('filter', ...)])`: the `k` best live rows by BM25
+  over the deduplicated table (table columns + `_score`).
+- `memwal_explain_search('vector_search' | 'fts', 't', 'column', query, k [, options])`: the search's
+  operator tree after it ran (what each operator did), one row per line.
+
+Search results are computed when DataFusion plans the query (table functions are evaluated then)
+and are ordinary relations: they can be filtered, joined and ordered.
+
+See docs/search.md.
 """
 
 from __future__ import annotations
@@ -19,6 +30,9 @@ import pyarrow.dataset as pds
 from datafusion import Expr, Table, udtf
 
 from memwal_df.dataset import MemWalTable
+from memwal_df.errors import InvalidConfigError
+from memwal_df.exec.base import ExecNode
+from memwal_df.search import plan_fts, plan_vector_search
 from memwal_df.sqlexpr import parse_filter
 
 _REGISTRY_ATTR = "_memwal_tables"
@@ -46,6 +60,9 @@ def register(ctx: datafusion.SessionContext) -> datafusion.SessionContext:
     ctx.register_table = register_table_and_remember  # type: ignore[method-assign]
     ctx.deregister_table = deregister_table_and_forget  # type: ignore[method-assign]
     ctx.register_udtf(udtf(lambda name, flt=None: _explain(tables, name, flt), "memwal_explain"))
+    ctx.register_udtf(udtf(lambda *args: _search(tables, "vector_search", args), "vector_search"))
+    ctx.register_udtf(udtf(lambda *args: _search(tables, "fts", args), "fts"))
+    ctx.register_udtf(udtf(lambda kind, *args: _explain_search(tables, kind, args), "memwal_explain_search"))
     return ctx
 
 
@@ -69,3 +86,31 @@ def _explain(tables: dict[str, MemWalTable], name_arg: Any, filter_arg: Any) -> 
     text = _literal(filter_arg) if filter_arg is not None else None
     lines = tables[name].explain(parse_filter(text) if text else None).splitlines()
     return Table(pds.dataset(pa.table({"line": pa.array(lines, pa.string())})))
+
+
+_PLANNERS = {"vector_search": plan_vector_search, "fts": plan_fts}
+
+
+def _search_plan(tables: dict[str, MemWalTable], function: str, args: tuple[Any, ...]) -> ExecNode:
+    if function not in _PLANNERS:
+        raise InvalidConfigError(f"no search function {function!r}; expected one of {sorted(_PLANNERS)}")
+    if len(args) not in (4, 5):
+        raise InvalidConfigError(f"{function}(table, column, query, k [, options]) takes 4 or 5 arguments")
+    name, column, query, k, *rest = (_literal(a) for a in args)
+    if name not in tables:
+        raise KeyError(f"{function}: no MemWAL table named {name!r} is registered")
+    options = rest[0] if rest else None
+    if options is not None and not isinstance(options, dict):
+        raise InvalidConfigError(f"{function}: options must be a named_struct, not {options!r}")
+    return _PLANNERS[function](tables[name], column, query, k, options)
+
+
+def _search(tables: dict[str, MemWalTable], function: str, args: tuple[Any, ...]) -> Table:
+    plan = _search_plan(tables, function, args)
+    return Table(pds.dataset(plan.to_table()))
+
+
+def _explain_search(tables: dict[str, MemWalTable], kind_arg: Any, args: tuple[Any, ...]) -> Table:
+    plan = _search_plan(tables, _literal(kind_arg), args)
+    plan.to_table()  # run it: the operators then report what they did
+    return Table(pds.dataset(pa.table({"line": pa.array(plan.explain(), pa.string())})))

@@ -1,0 +1,215 @@
+"""Search planning: `vector_search` and `fts` over every level of a MemWAL table.
+
+One plan per query, on one read snapshot (the table's consistency mode, plus its writer's MemTables):
+
+    TopKExec: k, order_by=[_distance ASC]          TopKExec: k, order_by=[_score DESC]
+      FilterStaleExec: newer=[every level]           GlobalBM25Exec: corpus = live rows of every level
+        LanceKnnExec: base                             Bm25Exec: base, live = not in [every level]
+      FilterStaleExec: newer=[levels above]            Bm25Exec: region r gen g, live = not in [above]
+        BruteForceKnnExec: region r gen g              ...
+      BruteForceKnnExec: newest level of region r
+
+Region pruning: regions whose values cannot match the `filter` option are not read (the planner's
+`prune_regions`, as for scans). Options arrive as a dict (SQL `named_struct`); unknown names, wrong
+types and out-of-range values raise `InvalidConfigError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_df.errors import InvalidConfigError
+from memwal_df.exec._cache import PerObjectCache
+from memwal_df.exec.base import ExecNode
+from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
+from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, GlobalBM25Exec
+from memwal_df.exec.knn import DISTANCE, METRICS, BruteForceKnnExec, LanceKnnExec, query_vector
+from memwal_df.exec.ranked import RankedExec, TopKExec
+from memwal_df.planner import key_type, prune_regions
+from memwal_df.predicate import column_predicates
+from memwal_df.snapshot import Level, ReadSnapshot, RegionLevels, take_snapshot
+from memwal_df.sqlexpr import parse_filter
+from memwal_df.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from memwal_df.dataset import MemWalTable
+
+__all__ = ["SearchOptions", "plan_fts", "plan_vector_search"]
+
+OVERFETCH = 2
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """`nprobes`, `refine_factor`, `metric` (vector search only) and `filter` (SQL text, both)."""
+
+    nprobes: int | None = None
+    refine_factor: int | None = None
+    metric: str | None = None
+    filter: str | None = None
+
+    @classmethod
+    def parse(
+        cls, options: Mapping[str, Any] | None, function: str, allowed: frozenset[str]
+    ) -> SearchOptions:
+        options = dict(options or {})
+        unknown = set(options) - allowed
+        if unknown:
+            raise InvalidConfigError(
+                f"{function}: unknown option(s) {sorted(unknown)}; expected {sorted(allowed)}"
+            )
+        for f in fields(cls):
+            value = options.get(f.name)
+            if value is None:
+                continue
+            if f.name in ("nprobes", "refine_factor"):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise InvalidConfigError(
+                        f"{function}: {f.name} must be a positive integer, not {value!r}"
+                    )
+            elif not isinstance(value, str):
+                raise InvalidConfigError(f"{function}: {f.name} must be a string, not {value!r}")
+        if options.get("metric") is not None and options["metric"].lower() not in METRICS:
+            raise InvalidConfigError(
+                f"{function}: unknown metric {options['metric']!r}; expected one of {METRICS}"
+            )
+        return cls(**options)
+
+    def filter_expression(self) -> pc.Expression | None:
+        if not self.filter:
+            return None
+        try:
+            return parse_filter(self.filter)
+        except ValueError as e:
+            raise InvalidConfigError(f"search filter {self.filter!r}: {e}") from None
+
+
+VECTOR_OPTIONS = frozenset({"nprobes", "refine_factor", "metric", "filter"})
+FTS_OPTIONS = frozenset({"filter"})
+
+
+def _check_k(k: Any, function: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InvalidConfigError(f"{function}: k must be a positive integer, not {k!r}")
+    return k
+
+
+@dataclass
+class _Setup:
+    snapshot: ReadSnapshot
+    regions: list[RegionLevels]
+    filter: pc.Expression | None
+
+    def newer(self, levels: list[Level]) -> NewerLevels:
+        return NewerLevels(levels, self.snapshot.schema.primary_key, key_type(self.snapshot))
+
+    @property
+    def primary_key(self) -> list[str]:
+        return list(self.snapshot.schema.primary_key)
+
+    @property
+    def every_level(self) -> list[Level]:
+        """The levels of the regions read (after pruning)."""
+        return [lv for r in self.regions for lv in r.levels]
+
+    @property
+    def all_levels(self) -> list[Level]:
+        """The levels of every region, pruned or not."""
+        return [lv for r in self.snapshot.regions for lv in r.levels]
+
+
+def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
+    flt = options.filter_expression()
+    snapshot = take_snapshot(table.table, table.consistency, table.writer)  # type: ignore[arg-type]
+    regions = [r for r in prune_regions(snapshot, table.table.specs, column_predicates(flt)) if r.levels]
+    return _Setup(snapshot, regions, flt)
+
+
+_INDEXES: PerObjectCache[lance.LanceDataset, list[Any]] = PerObjectCache()
+
+
+def _index_details(base: lance.LanceDataset, column: str, kind: str) -> dict[str, Any] | None:
+    """The details of the base's index of `kind` (`vector` / `inverted`) on `column`, if any (the
+    indexes of a base dataset object, a pinned version, are described once)."""
+    for index in _INDEXES.get(base, base.describe_indices):
+        if list(index.field_names) != [column]:
+            continue
+        is_vector = "VectorIndexDetails" in index.type_url
+        if (kind == "vector") == is_vector and (is_vector or index.index_type.lower() == kind):
+            return dict(index.details or {})
+    return None
+
+
+def _stale_filtered(arm: RankedExec, newer: NewerLevels) -> RankedExec:
+    return FilterStaleExec(arm, newer, OVERFETCH) if newer.levels else arm
+
+
+def plan_vector_search(
+    table: MemWalTable, column: str, query: Any, k: int, options: Mapping[str, Any] | None = None
+) -> ExecNode:
+    """The plan of `vector_search`: the `k` rows nearest to `query` among the live, newest rows that
+    match the filter, with the table's columns and `_distance`, nearest first.
+
+    Exact on every level but the base, whose candidates are Lance's (IVF with `nprobes`); with a
+    base index the base's distances are refined (`refine_factor`, default 1) so that distances are
+    exact and comparable across levels."""
+    opts = SearchOptions.parse(options, "vector_search", VECTOR_OPTIONS)
+    k = _check_k(k, "vector_search")
+    schema = table.schema
+    q = query_vector(schema, column, query)
+    s = _setup(table, opts)
+    base = s.snapshot.base
+    index = _index_details(base, column, "vector")
+    metric = (opts.metric or (index or {}).get("metric_type") or "l2").lower()
+    refine = opts.refine_factor if opts.refine_factor is not None else (1 if index else None)
+    arms: list[RankedExec] = []
+    if base.get_fragments():
+        arm = LanceKnnExec(base, column, q, metric, k, s.filter, schema, opts.nprobes, refine)
+        arms.append(_stale_filtered(arm, s.newer(s.every_level)))
+    for region in s.regions:
+        for i, level in enumerate(region.levels):
+            knn = BruteForceKnnExec(level, column, q, metric, k, s.filter, schema, s.primary_key)
+            arms.append(_stale_filtered(knn, s.newer(region.levels[:i])))
+    return TopKExec(arms, k, DISTANCE, schema.append(pa.field(DISTANCE, pa.float32())))
+
+
+def plan_fts(
+    table: MemWalTable, column: str, query: str, k: int, options: Mapping[str, Any] | None = None
+) -> ExecNode:
+    """The plan of `fts`: the `k` live, newest rows matching the filter with the highest BM25 score for
+    `query` (any of its terms), scored with the statistics of the whole deduplicated table; the
+    table's columns and `_score`, best first."""
+    opts = SearchOptions.parse(options, "fts", FTS_OPTIONS)
+    k = _check_k(k, "fts")
+    schema = table.schema
+    if column not in schema.names or not (
+        pa.types.is_string(schema.field(column).type) or pa.types.is_large_string(schema.field(column).type)
+    ):
+        raise InvalidConfigError(f"fts: {column!r} is not a string column of the table")
+    if not isinstance(query, str):
+        raise InvalidConfigError(f"fts: the query must be a string, not {query!r}")
+    s = _setup(table, opts)
+    base = s.snapshot.base
+    tokenizer = Tokenizer.from_index_details(_index_details(base, column, "inverted"))
+    terms = tokenizer.terms(query)
+    arms = []
+    if base.get_fragments():
+        arms.append(
+            Bm25Exec.for_base(base, column, tokenizer, terms, k, s.filter, schema, s.newer(s.all_levels))
+        )
+    searched = {id(r) for r in s.regions}
+    for region in s.snapshot.regions:  # pruned regions too: the statistics cover the whole table
+        for i, level in enumerate(region.levels):
+            newer = s.newer(region.levels[:i])
+            searchable = id(region) in searched
+            arms.append(
+                Bm25Exec.for_level(level, column, tokenizer, terms, k, s.filter, schema, newer, searchable)
+            )
+    out_schema = schema.append(pa.field(SCORE, pa.float64()))
+    return GlobalBM25Exec(arms, terms, k, out_schema)

@@ -1,0 +1,256 @@
+"""fts: BM25 scores equal a plain-Python BM25 over the deduplicated table (tests/reference.py oracle),
+never a stale or deleted row, filters, MemTable-only tables, SQL; the tokenizer against Lance's index."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import datafusion
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from search_oracle import SearchLsm, bm25
+
+import memwal_df as mw
+from memwal_df.errors import InvalidConfigError
+from memwal_df.search import plan_fts
+from memwal_df.tokenizer import Tokenizer
+
+QUERIES = ["apple", "kiwi fig", "quince sloe yuzu", "Apple, APPLE pear!", "nothing-here", "date"]
+
+
+def fts(lsm: SearchLsm, query: str, k: int, with_writer: bool = True, **options: Any) -> pa.Table:
+    return plan_fts(lsm.reader(with_writer), "text", query, k, options or None).to_table()
+
+
+def assert_bm25(got: pa.Table, truth: dict[int, dict[str, Any]], want: dict[int, float], k: int) -> None:
+    """The k best reference scores (ties make the keys ambiguous, not the scores), each row current,
+    each score the reference score of its key."""
+    best = sorted(want.values(), reverse=True)[:k]
+    scores = got.column("_score").to_numpy()
+    np.testing.assert_allclose(scores, best, rtol=0, atol=1e-6)
+    for row, score in zip(got.drop_columns(["_score"]).to_pylist(), scores, strict=True):
+        assert row == truth[row["id"]], f"stale or deleted row returned: {row}"
+        assert abs(want[row["id"]] - score) <= 1e-6
+
+
+def history(lsm: SearchLsm) -> None:
+    lsm.put(list(range(0, 40)), seed=1)
+    lsm.flush()
+    lsm.put(list(range(30, 60)) + list(range(150, 170)), seed=2)
+    lsm.delete([5, 6, 7, 155])
+    lsm.merge()
+    lsm.put(list(range(20, 35)), seed=3)
+    lsm.flush()
+    lsm.put(list(range(25, 30)) + [171], seed=4)
+    lsm.delete([45, 21])
+
+
+def with_index(uri: str) -> None:
+    lance.dataset(uri).create_scalar_index("text", "INVERTED", stem=False, remove_stop_words=False)
+
+
+@pytest.fixture(params=["no index", "inverted index"])
+def lsm(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    t = SearchLsm(str(tmp_path / "t"), list(range(150)))
+    if request.param == "inverted index":
+        with_index(t.uri)
+    history(t)
+    yield t
+    t.close()
+
+
+@pytest.mark.parametrize("with_writer", [True, False])
+def test_bm25_equals_reference(lsm: SearchLsm, with_writer: bool) -> None:
+    truth = lsm.rows(with_writer)
+    for query in QUERIES:
+        for k in (1, 10, 500):
+            assert_bm25(fts(lsm, query, k, with_writer), truth, bm25(truth, query), k)
+
+
+def test_filters_combined_with_fts(lsm: SearchLsm) -> None:
+    truth = lsm.rows()
+    cases = {
+        "category = 'a'": lambda r: r["category"] == "a",
+        "id >= 20 AND id < 60": lambda r: 20 <= r["id"] < 60,
+        "id = 27": lambda r: r["id"] == 27,
+    }
+    for text, where in cases.items():
+        for query in QUERIES:
+            want = bm25(truth, query, where)  # statistics over the whole table, scores of matching rows
+            assert_bm25(fts(lsm, query, 10, filter=text), truth, want, 10)
+
+
+def test_memtable_only(tmp_path: Path) -> None:
+    lsm = SearchLsm(str(tmp_path / "t"), [])
+    lsm.put(list(range(50)), seed=1)
+    lsm.put(list(range(10, 20)), seed=2)
+    lsm.delete([11, 12])
+    truth = lsm.rows()
+    for query in QUERIES:
+        assert_bm25(fts(lsm, query, 10), truth, bm25(truth, query), 10)
+    assert fts(lsm, "apple", 10, with_writer=False).num_rows == 0
+    lsm.close()
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.lists(st.integers(0, 80), min_size=1, max_size=30), st.integers(0, 99)),
+        st.tuples(st.just("delete"), st.lists(st.integers(0, 80), min_size=1, max_size=10)),
+        st.tuples(st.just("flush")),
+        st.tuples(st.just("merge")),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, k=st.integers(1, 30), query=st.sampled_from(QUERIES), indexed=st.booleans())
+def test_hypothesis_histories(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[Any], k: int, query: str, indexed: bool
+) -> None:
+    lsm = SearchLsm(str(tmp_path_factory.mktemp("h") / "t"), list(range(40)))
+    if indexed:
+        with_index(lsm.uri)
+    try:
+        for op in ops:
+            if op[0] == "put":
+                lsm.put(sorted(set(op[1])), seed=op[2])
+            elif op[0] == "delete":
+                lsm.delete(sorted(set(op[1])))
+            else:
+                getattr(lsm, op[0])()
+        truth = lsm.rows()
+        assert_bm25(fts(lsm, query, k), truth, bm25(truth, query), k)
+        where = lambda r: r["category"] != "b"  # noqa: E731
+        assert_bm25(fts(lsm, query, k, filter="category <> 'b'"), truth, bm25(truth, query, where), k)
+    finally:
+        lsm.close()
+
+
+TEXTS = [
+    "Hello, World! hello-world",
+    "don't stop_me now x1y",
+    "Café crème brûlée",
+    "ÉCOLE naïve STRASSE straße Smørrebrød",
+    "abcdefg abcdefgh abcdefghi",
+    "tabs\tand\nnewlines  and   spaces",
+    "日本語 テキスト 123 4.5",
+    "",
+    None,
+]
+
+
+@pytest.mark.parametrize("base_tokenizer", ["simple", "whitespace"])
+def test_tokenizer_matches_lance_index(tmp_path: Path, base_tokenizer: str) -> None:
+    """For every term our tokenizer finds, the documents Lance's inverted index (same settings)
+    returns for it are exactly the documents our tokenizer puts it in."""
+    uri = str(tmp_path / "d")
+    data = pa.table({"id": list(range(len(TEXTS))), "text": pa.array(TEXTS, pa.string())})
+    ds = lance.write_dataset(data, uri)
+    ds.create_scalar_index(
+        "text",
+        "INVERTED",
+        base_tokenizer=base_tokenizer,
+        stem=False,
+        remove_stop_words=False,
+        max_token_length=9,
+    )
+    ds = lance.dataset(uri)
+    tokenizer = Tokenizer.from_index_details(ds.describe_indices()[0].details)
+    assert tokenizer.max_token_length == 9
+    docs, tokens = tokenizer.tokenize(pa.array(TEXTS, pa.string()))
+    words = tokens.dictionary.take(tokens.indices).to_pylist()
+    ours: dict[str, set[int]] = {}
+    for doc, word in zip(docs.tolist(), words, strict=True):
+        ours.setdefault(word, set()).add(doc)
+    if base_tokenizer == "simple":
+        assert {
+            "hello",
+            "world",
+            "stop",
+            "me",
+            "x1y",
+            "cafe",
+            "ecole",
+            "strasse",
+            "creme",
+            "123",
+            "4",
+            "5",
+        } <= set(ours)
+    assert "abcdefghi" not in ours and "abcdefgh" in ours  # max_token_length: 9 bytes and longer dropped
+    for word, expected in ours.items():
+        found = ds.to_table(full_text_query=word, columns=["id"], limit=100).column("id").to_pylist()
+        assert set(found) == expected, word
+
+
+def test_unsupported_index_settings_and_bad_input_raise(tmp_path: Path) -> None:
+    lsm = SearchLsm(str(tmp_path / "t"), list(range(20)))
+    bad_args = [
+        ("vec", "apple", 5, None),
+        ("text", "apple", 0, None),
+        ("text", 3, 5, None),
+        ("text", "a", 5, {"metric": "l2"}),
+    ]
+    for args in bad_args:
+        with pytest.raises(InvalidConfigError):
+            plan_fts(lsm.reader(), *args)
+    lance.dataset(lsm.uri).create_scalar_index("text", "INVERTED")  # Lance's defaults stem
+    with pytest.raises(InvalidConfigError, match="stem"):
+        fts(lsm, "apple", 5)
+    lsm.close()
+
+
+def test_sql_results_are_relations(lsm: SearchLsm) -> None:
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", lsm.reader())
+    truth = lsm.rows()
+    got = ctx.sql("SELECT * FROM fts('t', 'text', 'kiwi fig', 10) ORDER BY _score DESC").to_arrow_table()
+    assert_bm25(got, truth, bm25(truth, "kiwi fig"), 10)
+    options = "named_struct('filter', 'category = ''b''')"
+    got = ctx.sql(
+        f"SELECT f.id, f._score FROM fts('t', 'text', 'apple', 20, {options}) f "
+        "JOIN t ON f.id = t.id WHERE f._score > 0.1 ORDER BY f._score DESC, f.id"
+    ).to_arrow_table()
+    want = bm25(truth, "apple", lambda r: r["category"] == "b")
+    top20 = sorted(want.values(), reverse=True)[:20]
+    np.testing.assert_allclose(got["_score"].to_numpy(), [s for s in top20 if s > 0.1], rtol=0, atol=1e-6)
+    pairs = zip(got["id"].to_pylist(), got["_score"].to_pylist(), strict=True)
+    assert all(abs(want[i] - s) <= 1e-6 for i, s in pairs)
+    lines = ctx.sql("SELECT line FROM memwal_explain_search('fts', 't', 'text', 'apple', 5)").to_pandas()[
+        "line"
+    ]
+    assert lines[0].startswith("GlobalBM25Exec: k=5, order_by=[_score DESC], terms=['apple'], docs=")
+
+
+def test_string_keys(tmp_path: Path) -> None:
+    """Keys of another type: the base's newer keys are located by hash lookup, not binary search."""
+    lsm = SearchLsm(str(tmp_path / "t"), list(range(150)), str_keys=True)
+    with_index(lsm.uri)
+    history(lsm)
+    truth = lsm.rows()
+    for query in QUERIES:
+        assert_bm25(fts(lsm, query, 10), truth, bm25(truth, query), 10)
+    lsm.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(st.one_of(st.none(), st.text(alphabet=st.sampled_from("aZ09 \t\n-_.,'é")))))
+def test_simple_tokenizer_against_regex_reference(texts: list[str | None]) -> None:
+    """The ASCII fast path and the Unicode regex split alike (runs of letters and digits)."""
+    docs, tokens = Tokenizer().tokenize(pa.array(texts, pa.string()))
+    got: dict[int, list[str]] = {}
+    for doc, word in zip(docs.tolist(), tokens.dictionary.take(tokens.indices).to_pylist(), strict=True):
+        got.setdefault(doc, []).append(word)
+    want = {
+        i: [w.lower().replace("é", "e") for w in re.findall(r"[^\W_]+", text)]
+        for i, text in enumerate(texts)
+        if text and re.findall(r"[^\W_]+", text)
+    }
+    assert got == want
