@@ -7,15 +7,22 @@ Pipeline (Lance 14 / tantivy order, checked against Lance's index in tests/test_
    whitespace;
 2. drop tokens of `max_token_length` UTF-8 bytes or more;
 3. lower-case (`lower_case`);
-4. ASCII folding (`ascii_folding`): accents removed (Unicode NFKD without combining marks) plus the
-   Latin letters NFKD keeps (ß -> ss, æ -> ae, ø -> o, ...). Applied to each distinct token once.
+4. stemming (`stem`): the Snowball stemmer of `language` (`snowballstemmer`, the algorithms
+   rust-stemmers compiles for Lance);
+5. stop-word removal (`remove_stop_words`), on the stemmed tokens: `memwal_df.stop_words`;
+6. ASCII folding (`ascii_folding`): accents removed (Unicode NFKD without combining marks) plus the
+   Latin letters NFKD keeps (ß -> ss, æ -> ae, ø -> o, ...).
+Steps 4-6 run on each distinct token once (stems are also cached per language).
 
-Not supported (InvalidConfigError names the option): stemming, stop-word removal, other base
-tokenizers (`raw`, `ngram`, `icu`, ...) and token splitting options.
+Not supported (InvalidConfigError names the option): stemming in a language outside
+`STEM_LANGUAGES`, stop-word removal in a language outside `memwal_df.stop_words.STOP_WORDS`, other
+base tokenizers (`raw`, `ngram`, `icu`, ...) and token splitting options. Lance does not record
+`custom_stop_words` in the index details: an index built with them is read as using the built-in list.
 """
 
 from __future__ import annotations
 
+import threading
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +30,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import snowballstemmer
 
 from memwal_df.errors import InvalidConfigError
+from memwal_df.stop_words import STOP_WORDS
 
-__all__ = ["Tokenizer"]
+__all__ = ["STEM_LANGUAGES", "Tokenizer"]
+
+# Languages whose Snowball stems tests/test_fts.py checks against Lance 14's index.
+STEM_LANGUAGES = ("English", "French", "German", "Spanish", "Italian", "Portuguese", "Russian")
+_STEM_CACHE_LIMIT = 1 << 20
+_stem_caches: dict[str, dict[str, str]] = {}
+_stem_lock = threading.Lock()
 
 _SIMPLE_SPLIT = r"[^\p{L}\p{N}]+"
 _BASE_TOKENIZERS = ("simple", "whitespace")
@@ -35,8 +50,6 @@ _FOLD = str.maketrans(
      "đ": "d", "Đ": "D", "ð": "d", "Ð": "D", "þ": "th", "Þ": "TH", "ı": "i"}
 )  # fmt: skip
 _UNSUPPORTED_TRUE = (
-    "stem",
-    "remove_stop_words",
     "split_identifiers",
     "split_on_numerics",
     "preserve_original",
@@ -48,6 +61,19 @@ def _fold(token: str) -> str:
     return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
+def _stems(language: str, words: list[str]) -> list[str]:
+    """The Snowball stems of `words`, through a per-language cache (bounded: cleared when full)."""
+    with _stem_lock:
+        cache = _stem_caches.setdefault(language, {})
+        missing = [w for w in dict.fromkeys(words) if w not in cache]
+        if missing:
+            if len(cache) + len(missing) > _STEM_CACHE_LIMIT:
+                cache.clear()
+            stems = snowballstemmer.stemmer(language.lower()).stemWords(missing)
+            cache.update(zip(missing, stems, strict=True))
+        return [cache[w] for w in words]
+
+
 @dataclass(frozen=True)
 class Tokenizer:
     """Splits texts into terms as a Lance inverted index with the same settings does."""
@@ -56,6 +82,9 @@ class Tokenizer:
     lower_case: bool = True
     max_token_length: int | None = 40
     ascii_folding: bool = True
+    language: str = "English"
+    stem: bool = False
+    remove_stop_words: bool = False
 
     @classmethod
     def from_index_details(cls, details: dict[str, Any] | None) -> Tokenizer:
@@ -68,6 +97,13 @@ class Tokenizer:
         base = details.get("base_tokenizer") or "simple"
         if base not in _BASE_TOKENIZERS:
             bad.append(f"base_tokenizer={base}")
+        language = details.get("language") or "English"
+        stem = bool(details.get("stem"))
+        remove_stop_words = bool(details.get("remove_stop_words"))
+        if stem and language not in STEM_LANGUAGES:
+            bad.append(f"stem with language={language}")
+        if remove_stop_words and language not in STOP_WORDS:
+            bad.append(f"remove_stop_words with language={language}")
         if bad:
             raise InvalidConfigError(f"fts: the base table's inverted index uses unsupported settings: {bad}")
         return cls(
@@ -75,6 +111,9 @@ class Tokenizer:
             bool(details.get("lower_case", True)),
             details.get("max_token_length"),
             bool(details.get("ascii_folding", True)),
+            language,
+            stem,
+            remove_stop_words,
         )
 
     def tokenize(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
@@ -95,9 +134,21 @@ class Tokenizer:
         if self.lower_case:
             tokens = pc.utf8_lower(tokens)
         encoded = pc.dictionary_encode(tokens)
-        if self.ascii_folding and not pc.all(pc.string_is_ascii(encoded.dictionary)).as_py():
-            folded = pa.array([_fold(t) for t in encoded.dictionary.to_pylist()], pa.string())
-            encoded = pc.dictionary_encode(folded.take(encoded.indices))
+        words = encoded.dictionary
+        if self.stem:
+            words = pa.array(_stems(self.language, words.to_pylist()), pa.string())
+        if self.remove_stop_words:
+            stop = pc.is_in(words, pa.array(sorted(STOP_WORDS[self.language]), pa.string())).to_numpy(
+                zero_copy_only=False
+            )
+            keep = ~stop[encoded.indices.to_numpy(zero_copy_only=False)]
+            docs = docs[keep]
+            indices = encoded.indices.filter(pa.array(keep))
+            encoded = pa.DictionaryArray.from_arrays(indices, encoded.dictionary)
+        if self.ascii_folding and not pc.all(pc.string_is_ascii(words)).as_py():
+            words = pa.array([_fold(t) for t in words.to_pylist()], pa.string())
+        if words is not encoded.dictionary or self.remove_stop_words:
+            encoded = pc.dictionary_encode(words.take(encoded.indices))
         return docs, encoded
 
     def _split(self, texts: pa.Array) -> pa.ListArray:

@@ -120,14 +120,20 @@ def terms(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
-def bm25(rows: dict[int, Row], query: str, where: Predicate | None = None) -> dict[int, float]:
-    """BM25 score (k1 = 1.2, b = 0.75) of every row holding a query term, statistics over all rows."""
-    docs = {key: Counter(terms(r["text"])) for key, r in rows.items() if r["text"] is not None}
+def bm25(
+    rows: dict[int, Row],
+    query: str,
+    where: Predicate | None = None,
+    tokenize: Callable[[str], list[str]] = terms,
+) -> dict[int, float]:
+    """BM25 score (k1 = 1.2, b = 0.75) of every row holding a query term, statistics over all rows;
+    documents and query split by `tokenize`."""
+    docs = {key: Counter(tokenize(r["text"])) for key, r in rows.items() if r["text"] is not None}
     n = len(docs)
     if n == 0:
         return {}
     avgdl = sum(sum(c.values()) for c in docs.values()) / n
-    q = list(dict.fromkeys(terms(query)))
+    q = list(dict.fromkeys(tokenize(query)))
     df = {t: sum(1 for c in docs.values() if t in c) for t in q}
     out = {}
     for key, counts in docs.items():

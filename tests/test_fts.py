@@ -12,13 +12,16 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+import snowballstemmer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from search_oracle import SearchLsm, bm25
+from lance.file import LanceFileReader
+from search_oracle import SearchLsm, bm25, make_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
 from memwal_df.search import plan_fts
+from memwal_df.stop_words import STOP_WORDS
 from memwal_df.tokenizer import Tokenizer
 
 QUERIES = ["apple", "kiwi fig", "quince sloe yuzu", "Apple, APPLE pear!", "nothing-here", "date"]
@@ -201,8 +204,8 @@ def test_unsupported_index_settings_and_bad_input_raise(tmp_path: Path) -> None:
     for args in bad_args:
         with pytest.raises(InvalidConfigError):
             plan_fts(lsm.reader(), *args)
-    lance.dataset(lsm.uri).create_scalar_index("text", "INVERTED")  # Lance's defaults stem
-    with pytest.raises(InvalidConfigError, match="stem"):
+    lance.dataset(lsm.uri).create_scalar_index("text", "INVERTED", base_tokenizer="ngram")
+    with pytest.raises(InvalidConfigError, match="base_tokenizer=ngram"):
         fts(lsm, "apple", 5)
     lsm.close()
 
@@ -254,3 +257,133 @@ def test_simple_tokenizer_against_regex_reference(texts: list[str | None]) -> No
         if text and re.findall(r"[^\W_]+", text)
     }
     assert got == want
+
+
+# Stemming and stop words (Lance's default inverted index), checked against Lance 14 itself.
+
+LANCE_KEEPS = (
+    "ain also aren cannot could couldn d didn doesn don hadn hasn haven isn ll m ma may might mightn must "
+    "mustn needn no nor not o ought s shall shan shouldn t upon us ve wasn weren whose won would wouldn y yet"
+).split()
+STEM_WORDS = (
+    "run runs running runner ran connect connected connection connections generous generously "
+    "happy happiness happily cats cat dogs agreed agreement ons ifs thes caresses ponies"
+).split()
+
+
+def index_lengths(uri: str) -> dict[int, int]:
+    """Each document's token count in Lance's inverted index (documents without tokens are absent)."""
+    out: dict[int, int] = {}
+    for path in Path(uri).glob("_indices/*/part_*_docs.lance"):
+        docs = LanceFileReader(str(path)).read_all().to_table()
+        out.update(zip(docs["_rowid"].to_pylist(), docs["_num_tokens"].to_pylist(), strict=True))
+    return out
+
+
+def check_against_lance(tmp_path: Path, texts: list[str], **params: Any) -> None:
+    """Our tokens of `texts` against Lance's index with `params`: the same token count per document,
+    and for every word of every text, Lance's query for it finds exactly the documents holding our
+    term for it (Lance tokenizes the query with the index's tokenizer, as we do)."""
+    uri = str(tmp_path / "d")
+    ds = lance.write_dataset(pa.table({"id": list(range(len(texts))), "text": texts}), uri)
+    ds.create_scalar_index("text", "INVERTED", **params)
+    ds = lance.dataset(uri)
+    tokenizer = Tokenizer.from_index_details(ds.describe_indices()[0].details)
+    docs, tokens = tokenizer.tokenize(pa.array(texts, pa.string()))
+    ours: dict[str, set[int]] = {}
+    for doc, word in zip(docs.tolist(), tokens.dictionary.take(tokens.indices).to_pylist(), strict=True):
+        ours.setdefault(word, set()).add(doc)
+    lengths = {i: n for i, n in enumerate(np.bincount(docs, minlength=len(texts)).tolist()) if n}
+    assert lengths == index_lengths(uri)
+    for word in {w for t in texts for w in re.findall(r"\w+", t)}:
+        got = ds.to_table(full_text_query=word, columns=["id"], limit=1000).column("id").to_pylist()
+        want = set().union(*(ours.get(t, set()) for t in tokenizer.terms(word)))
+        assert set(got) == want, word
+
+
+def test_english_stop_words_are_lances(tmp_path: Path) -> None:
+    """One document per word: Lance removes exactly our stop words (stemming off)."""
+    words = sorted(STOP_WORDS["English"]) + LANCE_KEEPS
+    uri = str(tmp_path / "d")
+    ds = lance.write_dataset(pa.table({"id": list(range(len(words))), "text": words}), uri)
+    ds.create_scalar_index("text", "INVERTED", stem=False)
+    lengths = index_lengths(uri)
+    assert {w for i, w in enumerate(words) if i not in lengths} == STOP_WORDS["English"]
+
+
+LANGUAGE_TEXTS = {
+    "English": ["The runners were running and the dogs ran", "Connections connected generously", "ons ifs"],
+    "French": ["Les chats mangeaient des pommes délicieuses", "nationalité nationales mangées", "été étés"],
+    "German": ["Die Häuser waren schöner als die Bäume", "Katzen katzenhaft Häusern", "Straßen straße"],
+    "Spanish": ["Los niños corrían rápidamente", "canciones cantando cantaré", "árboles"],
+    "Italian": ["I gatti mangiavano le mele", "nazionalità nazionali cantando", "perché"],
+    "Portuguese": ["Os gatos comiam maçãs", "nacionalidade nacionais cantando", "coração"],
+    "Russian": ["Кошки ели яблоки", "красивая красивые красивого", "ёлка"],
+}
+
+
+@pytest.mark.parametrize("language", sorted(LANGUAGE_TEXTS))
+def test_stemmed_tokenizer_matches_lance_index(tmp_path: Path, language: str) -> None:
+    texts = LANGUAGE_TEXTS[language] + [" ".join(STEM_WORDS), "Café CAFÉS naïve"]
+    stop = language == "English"
+    check_against_lance(tmp_path, texts, language=language, remove_stop_words=stop)
+
+
+@pytest.mark.parametrize("ascii_folding", [True, False])
+def test_default_index_matches_lance(tmp_path: Path, ascii_folding: bool) -> None:
+    texts = [" ".join(STEM_WORDS[:12]), "It is not the Café we wanted", "été naïve", "", "THE", *STEM_WORDS]
+    check_against_lance(tmp_path, texts, ascii_folding=ascii_folding)
+
+
+VOCABULARY = STEM_WORDS + sorted(STOP_WORDS["English"])[:40] + LANCE_KEEPS[:10] + ["café", "Naïve", "x1"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.lists(st.sampled_from(VOCABULARY), max_size=12).map(" ".join), min_size=1))
+def test_hypothesis_default_index_terms(tmp_path_factory: pytest.TempPathFactory, texts: list[str]) -> None:
+    check_against_lance(tmp_path_factory.mktemp("h"), texts)
+
+
+def reference_terms(text: str) -> list[str]:
+    """Lance's default English pipeline for ASCII text, word by word: split, lower-case, Snowball
+    stem, drop stop words."""
+    stemmer = snowballstemmer.stemmer("english")
+    stems = (stemmer.stemWord(w) for w in re.findall(r"[a-z0-9]+", text.lower()))
+    return [s for s in stems if s not in STOP_WORDS["English"]]
+
+
+def put_sentences(lsm: SearchLsm, ids: list[int], seed: int) -> None:
+    rows = make_rows(ids, seed)
+    rng = np.random.default_rng(seed)
+    vocabulary = np.array(STEM_WORDS + ["the", "and", "not", "would", "apple"])
+    text = [" ".join(rng.choice(vocabulary, int(rng.integers(1, 10)))) for _ in ids]
+    lsm.writer.put(rows.set_column(rows.schema.get_field_index("text"), "text", pa.array(text)))
+
+
+STEM_QUERIES = ["running", "the runner", "Connection happy", "not", "would ons", "the and"]
+
+
+def test_bm25_with_default_index_equals_reference(tmp_path: Path) -> None:
+    lsm = SearchLsm(str(tmp_path / "t"), [])
+    put_sentences(lsm, list(range(60)), seed=1)
+    lsm.merge()
+    lance.dataset(lsm.uri).create_scalar_index("text", "INVERTED")  # Lance's defaults: stem, stop words
+    put_sentences(lsm, list(range(40, 90)), seed=2)
+    lsm.flush()
+    put_sentences(lsm, list(range(10, 30)), seed=3)
+    lsm.delete([12, 45, 80])
+    truth = lsm.rows()
+    for query in STEM_QUERIES:
+        want = bm25(truth, query, tokenize=reference_terms)
+        for k in (1, 10, 200):
+            assert_bm25(fts(lsm, query, k), truth, want, k)
+    lsm.close()
+
+
+def test_unsupported_languages_raise() -> None:
+    details = {"stem": True, "remove_stop_words": False, "language": "Tamil"}
+    with pytest.raises(InvalidConfigError, match="stem with language=Tamil"):
+        Tokenizer.from_index_details(details)
+    details = {"stem": False, "remove_stop_words": True, "language": "French"}
+    with pytest.raises(InvalidConfigError, match="remove_stop_words with language=French"):
+        Tokenizer.from_index_details(details)
