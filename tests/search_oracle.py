@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from hypothesis import strategies as st
 from merge_helper import merge_all
 from reference import stored_rows
 
@@ -93,6 +94,28 @@ class SearchLsm:
 
     def close(self) -> None:
         self.writer.close()
+
+    def replay(self, ops: list[Any]) -> None:
+        """Apply a history drawn from `HISTORY_OPS`."""
+        for op in ops:
+            if op[0] == "put":
+                self.put(sorted(set(op[1])), seed=op[2])
+            elif op[0] == "delete":
+                self.delete(sorted(set(op[1])))
+            else:
+                getattr(self, op[0])()
+
+
+# Random histories of upserts (ids, row seed), deletes, flushes and merges, for `SearchLsm.replay`.
+HISTORY_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.lists(st.integers(0, 80), min_size=1, max_size=30), st.integers(0, 99)),
+        st.tuples(st.just("delete"), st.lists(st.integers(0, 80), min_size=1, max_size=10)),
+        st.tuples(st.just("flush")),
+        st.tuples(st.just("merge")),
+    ),
+    max_size=8,
+)
 
 
 def distance(vec: list[float], query: list[float], metric: str) -> float:

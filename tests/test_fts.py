@@ -16,7 +16,7 @@ import snowballstemmer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.file import LanceFileReader
-from search_oracle import SearchLsm, bm25, make_rows
+from search_oracle import HISTORY_OPS, SearchLsm, bm25, make_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
@@ -101,19 +101,8 @@ def test_memtable_only(tmp_path: Path) -> None:
     lsm.close()
 
 
-OPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("put"), st.lists(st.integers(0, 80), min_size=1, max_size=30), st.integers(0, 99)),
-        st.tuples(st.just("delete"), st.lists(st.integers(0, 80), min_size=1, max_size=10)),
-        st.tuples(st.just("flush")),
-        st.tuples(st.just("merge")),
-    ),
-    max_size=8,
-)
-
-
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=OPS, k=st.integers(1, 30), query=st.sampled_from(QUERIES), indexed=st.booleans())
+@given(ops=HISTORY_OPS, k=st.integers(1, 30), query=st.sampled_from(QUERIES), indexed=st.booleans())
 def test_hypothesis_histories(
     tmp_path_factory: pytest.TempPathFactory, ops: list[Any], k: int, query: str, indexed: bool
 ) -> None:
@@ -121,13 +110,7 @@ def test_hypothesis_histories(
     if indexed:
         with_index(lsm.uri)
     try:
-        for op in ops:
-            if op[0] == "put":
-                lsm.put(sorted(set(op[1])), seed=op[2])
-            elif op[0] == "delete":
-                lsm.delete(sorted(set(op[1])))
-            else:
-                getattr(lsm, op[0])()
+        lsm.replay(ops)
         truth = lsm.rows()
         assert_bm25(fts(lsm, query, k), truth, bm25(truth, query), k)
         where = lambda r: r["category"] != "b"  # noqa: E731

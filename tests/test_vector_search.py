@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from search_oracle import DIM, SearchLsm, make_rows, nearest
+from search_oracle import DIM, HISTORY_OPS, SearchLsm, make_rows, nearest
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
@@ -139,31 +139,14 @@ def test_memtable_only(tmp_path: Path) -> None:
     lsm.close()
 
 
-OPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("put"), st.lists(st.integers(0, 80), min_size=1, max_size=30), st.integers(0, 99)),
-        st.tuples(st.just("delete"), st.lists(st.integers(0, 80), min_size=1, max_size=10)),
-        st.tuples(st.just("flush")),
-        st.tuples(st.just("merge")),
-    ),
-    max_size=8,
-)
-
-
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=OPS, k=st.integers(1, 30), q=st.sampled_from(QUERIES))
+@given(ops=HISTORY_OPS, k=st.integers(1, 30), q=st.sampled_from(QUERIES))
 def test_hypothesis_histories_never_stale(
     tmp_path_factory: pytest.TempPathFactory, ops: list[Any], k: int, q: Any
 ) -> None:
     lsm = SearchLsm(str(tmp_path_factory.mktemp("h") / "t"), list(range(40)))
     try:
-        for op in ops:
-            if op[0] == "put":
-                lsm.put(sorted(set(op[1])), seed=op[2])
-            elif op[0] == "delete":
-                lsm.delete(sorted(set(op[1])))
-            else:
-                getattr(lsm, op[0])()
+        lsm.replay(ops)
         truth = lsm.rows()
         assert_exact(search(lsm, q, k), truth, nearest(truth, q, k))
         assert_exact(
