@@ -106,6 +106,19 @@ class SearchLsm:
                 getattr(self, op[0])()
 
 
+def history(lsm: SearchLsm) -> None:
+    """Updates that move vectors and change text, deletes, flushes, a merge, then unflushed writes."""
+    lsm.put(list(range(0, 40)), seed=1)
+    lsm.flush()
+    lsm.put(list(range(30, 60)) + list(range(150, 170)), seed=2)
+    lsm.delete([5, 6, 7, 155])
+    lsm.merge()
+    lsm.put(list(range(20, 35)), seed=3)
+    lsm.flush()
+    lsm.put(list(range(25, 30)) + [171], seed=4)
+    lsm.delete([45, 21])
+
+
 # Random histories of upserts (ids, row seed), deletes, flushes and merges, for `SearchLsm.replay`.
 HISTORY_OPS = st.lists(
     st.one_of(

@@ -16,7 +16,7 @@ import snowballstemmer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.file import LanceFileReader
-from search_oracle import HISTORY_OPS, SearchLsm, bm25, make_rows
+from search_oracle import HISTORY_OPS, SearchLsm, bm25, history, make_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
@@ -40,18 +40,6 @@ def assert_bm25(got: pa.Table, truth: dict[int, dict[str, Any]], want: dict[int,
     for row, score in zip(got.drop_columns(["_score"]).to_pylist(), scores, strict=True):
         assert row == truth[row["id"]], f"stale or deleted row returned: {row}"
         assert abs(want[row["id"]] - score) <= 1e-6
-
-
-def history(lsm: SearchLsm) -> None:
-    lsm.put(list(range(0, 40)), seed=1)
-    lsm.flush()
-    lsm.put(list(range(30, 60)) + list(range(150, 170)), seed=2)
-    lsm.delete([5, 6, 7, 155])
-    lsm.merge()
-    lsm.put(list(range(20, 35)), seed=3)
-    lsm.flush()
-    lsm.put(list(range(25, 30)) + [171], seed=4)
-    lsm.delete([45, 21])
 
 
 def with_index(uri: str) -> None:

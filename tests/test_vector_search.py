@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from search_oracle import DIM, HISTORY_OPS, SearchLsm, make_rows, nearest
+from search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, nearest
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
@@ -39,19 +39,6 @@ def assert_exact(got: pa.Table, truth: dict[int, dict[str, Any]], want: list[tup
 def assert_fresh(got: pa.Table, truth: dict[int, dict[str, Any]]) -> None:
     for row in got.drop_columns(["_distance"]).to_pylist():
         assert row == truth[row["id"]], f"stale or deleted row returned: {row}"
-
-
-def history(lsm: SearchLsm) -> None:
-    """Updates that move vectors and change text, deletes, flushes, a merge, then unflushed writes."""
-    lsm.put(list(range(0, 40)), seed=1)
-    lsm.flush()
-    lsm.put(list(range(30, 60)) + list(range(150, 170)), seed=2)
-    lsm.delete([5, 6, 7, 155])
-    lsm.merge()
-    lsm.put(list(range(20, 35)), seed=3)
-    lsm.flush()
-    lsm.put(list(range(25, 30)) + [171], seed=4)
-    lsm.delete([45, 21])
 
 
 @pytest.fixture
