@@ -11,6 +11,10 @@ class SchemaMismatchError(MemWalError, ValueError):
     """Data whose schema does not match the table's (missing, extra or differently typed columns)."""
 
 
+class InvalidArgumentError(MemWalError, ValueError):
+    """A command-line argument that cannot be parsed (schema text, region spec text, `key=value`)."""
+
+
 class NullPrimaryKeyError(MemWalError, ValueError):
     """A row whose primary key (or a part of a composite key) is NULL."""
 

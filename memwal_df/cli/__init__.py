@@ -1,0 +1,49 @@
+"""The `memwal` command line: `memwal COMMAND --help` describes each command.
+
+Commands: create, ingest, delete, sql (a shell without a query), explain, status, merge, build-index,
+gc, recover, maintain, bench. Errors print one line on stderr and exit with a code of `Exit`
+(docs/operations.md): 2 bad arguments or data, 3 no such table or file, 4 lost a race or fenced
+(retry), 5 storage failure, 6 SQL error, 1 anything else; 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from memwal_df.cli import bench, create, ingest, jobs, query, status
+from memwal_df.cli._common import Exit, exit_code
+
+__all__ = ["Exit", "main", "parser"]
+
+
+def parser(prog: str = "memwal") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Streaming-upsert Lance tables (the Lance MemTable & WAL spec), queried with DataFusion.",
+        epilog="Run `memwal COMMAND --help` for a command's options. Docs: docs/operations.md.",
+    )
+    p.add_argument("--traceback", action="store_true", help="on an error, print the full traceback")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (create, ingest, query, status, jobs, bench):
+        module.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "memwal") -> int:
+    """Run one command; returns its exit code (argparse's usage errors exit with 2 themselves)."""
+    args = parser(prog).parse_args(argv)
+    try:
+        return int(args.run(args))
+    except BrokenPipeError:  # the reader of stdout went away (`memwal ... | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return Exit.OK
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return Exit.INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - every error becomes a message and an exit code
+        if args.traceback:
+            raise
+        print(f"{prog} {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return int(exit_code(e))

@@ -1,0 +1,155 @@
+"""`memwal ingest` (upserts from files) and `memwal delete` (deletes by key, from files or `--keys`).
+
+Rows go through the table's routed writer (or one region's writer with `--region`) in batches of
+`--batch-size` rows; `close()` at the end makes every write durable and flushes the MemTables into
+generations, so readers of the durable levels see all of it when the command returns. On an error or
+Ctrl-C the writer is aborted: durable writes made so far stay in the WAL (the next writer of the
+region or `memwal recover` replays them); non-durable ones not yet in the WAL are lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from memwal_df.cli import _common as c
+from memwal_df.cli.inputs import FORMAT_NAMES, Progress, format_of, read_batches, total_rows
+from memwal_df.errors import InvalidArgumentError
+from memwal_df.table import Table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ingest",
+        help="upsert rows from Parquet/CSV/JSON/Arrow files",
+        description="Upsert the rows of FILEs (streamed in batches), routed to their regions; with "
+        "--delete the files hold keys to delete instead.",
+    )
+    c.add_table(p)
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--delete", action="store_true", help="the files hold keys (extra columns ignored)")
+    _writer_args(p)
+    p.set_defaults(run=run_ingest)
+
+    d = sub.add_parser(
+        "delete",
+        help="delete rows by primary key",
+        description="Delete rows by primary key: --keys for a one-column key, or FILEs of key columns.",
+    )
+    c.add_table(d)
+    d.add_argument("files", nargs="*", metavar="FILE", help="files whose key columns name the rows")
+    d.add_argument("--keys", help="comma-separated keys (one-column primary keys)")
+    _writer_args(d)
+    d.set_defaults(run=run_delete, delete=True)
+
+
+def _writer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMAT_NAMES, help="input format (default: from the extension)")
+    p.add_argument("--batch-size", type=int, default=10_000, help="rows per write (default 10,000)")
+    p.add_argument(
+        "--durable",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wait for each write's WAL entry (default: the table's writer default)",
+    )
+    p.add_argument("--region", help="write to this region id only (tables without a region spec)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: when stderr is a terminal)",
+    )
+    c.add_json(p)
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    return _run(args, [c.existing_file(f) for f in args.files])
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    if not args.files and not args.keys:
+        raise InvalidArgumentError("give --keys or key FILEs")
+    return _run(args, [c.existing_file(f) for f in args.files])
+
+
+def _run(args: argparse.Namespace, files: list[Path]) -> int:
+    if args.batch_size < 1:
+        raise InvalidArgumentError("--batch-size must be at least 1")
+    table = c.table_of(args)
+    formats = [format_of(f, args.format) for f in files]  # every file's format checked up front
+    totals = [total_rows(f, fmt) for f, fmt in zip(files, formats, strict=True)]
+    known = None if None in totals else sum(t or 0 for t in totals)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress("delete" if args.delete else "ingest", known, show)
+    sources: list[Iterable[pa.RecordBatch]] = [
+        read_batches(f, fmt, args.batch_size) for f, fmt in zip(files, formats, strict=True)
+    ]
+    if getattr(args, "keys", None):
+        sources.insert(0, [_keys_batch(table, args.keys)])
+    t0 = time.perf_counter()
+    writer = _writer(table, args)
+    with writer:
+        for batch in itertools.chain.from_iterable(sources):
+            if args.delete:
+                writer.delete(batch.select(list(table.schema.primary_key)))
+            else:
+                writer.put(batch)
+            progress.update(batch.num_rows)
+        put_s = time.perf_counter() - t0
+    progress.close()
+    total_s = time.perf_counter() - t0
+    info = {
+        "operation": "delete" if args.delete else "upsert",
+        "files": [str(f) for f in files],
+        "rows": progress.done,
+        "regions": _regions(writer),
+        "write_s": round(put_s, 3),
+        "total_s": round(total_s, 3),
+        "rows_per_s": round(progress.done / total_s) if total_s else None,
+    }
+    c.emit(args, info, lambda: _text(info))
+    return c.Exit.OK
+
+
+def _writer(table: Table, args: argparse.Namespace) -> Any:
+    if args.region:
+        return table.region_writer(args.region, durable=args.durable)
+    return table.writer(durable=args.durable)
+
+
+def _regions(writer: Any) -> list[str]:
+    ids = writer.writers if hasattr(writer, "writers") else [writer.region_id]
+    return sorted(str(r) for r in ids)
+
+
+def _keys_batch(table: Table, keys: str) -> pa.RecordBatch:
+    """`--keys 1,2,3` as a batch of the (one-column) primary key."""
+    pk = table.schema.primary_key
+    if len(pk) != 1:
+        raise InvalidArgumentError(
+            f"--keys needs a one-column primary key; {list(pk)} is composite: use FILEs"
+        )
+    field = table.schema.schema.field(pk[0])
+    items = [k.strip() for k in keys.split(",") if k.strip()]
+    try:
+        values = pa.array(items, pa.string()).cast(field.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise InvalidArgumentError(f"--keys: cannot read {items} as {field.type}: {e}") from None
+    return pa.RecordBatch.from_arrays([values], names=[pk[0]])
+
+
+def _text(info: dict[str, Any]) -> str:
+    what = "deleted" if info["operation"] == "delete" else "upserted"
+    source = f" from {len(info['files'])} file(s)" if info["files"] else ""
+    return (
+        f"{what} {info['rows']:,} rows{source} through {len(info['regions'])} "
+        f"region(s) in {info['total_s']:.2f}s ({info['rows_per_s'] or 0:,} rows/s; "
+        f"flush and close {info['total_s'] - info['write_s']:.2f}s)"
+    )

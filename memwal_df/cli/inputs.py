@@ -1,0 +1,110 @@
+"""Input files of `memwal ingest` / `memwal delete`, streamed in record batches, and a progress bar.
+
+Formats by extension (or `--format`): Parquet (`.parquet`, `.pq`), CSV (`.csv`), JSON lines (`.json`,
+`.jsonl`, `.ndjson`), Arrow IPC files (`.arrow`, `.feather`, `.ipc`) and Arrow IPC streams
+(`.arrows`). Files are read through `pyarrow.dataset` (the IPC stream format through
+`pyarrow.ipc`), so only a batch at a time is in memory.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+import pyarrow as pa
+import pyarrow.dataset as pds
+
+from memwal_df.errors import InvalidArgumentError
+
+FORMATS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".arrow": "ipc",
+    ".feather": "ipc",
+    ".ipc": "ipc",
+    ".arrows": "arrows",
+}
+FORMAT_NAMES = sorted(set(FORMATS.values()))
+
+
+def format_of(path: Path, given: str | None) -> str:
+    """The format of `path`: `given`, else from its extension; InvalidArgumentError if unknown."""
+    fmt = given or FORMATS.get(path.suffix.lower())
+    if fmt not in FORMAT_NAMES:
+        raise InvalidArgumentError(
+            f"cannot tell the format of {path} (extensions: {', '.join(sorted(FORMATS))}); pass --format"
+        )
+    return fmt
+
+
+def total_rows(path: Path, fmt: str) -> int | None:
+    """Row count when the file's metadata has it (Parquet, Arrow IPC file), else None."""
+    if fmt in ("parquet", "ipc"):
+        return pds.dataset(path, format=fmt).count_rows()
+    return None
+
+
+def read_batches(path: Path, fmt: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The file's rows in batches of at most `batch_rows` rows (small batches combined)."""
+    if fmt == "arrows":
+        with pa.OSFile(str(path)) as f:
+            yield from rebatch(pa.ipc.open_stream(f), batch_rows)
+        return
+    yield from rebatch(pds.dataset(path, format=fmt).to_batches(batch_size=batch_rows), batch_rows)
+
+
+def rebatch(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Batches of `rows` rows (the last may be shorter) from batches of any size."""
+    pending: list[pa.RecordBatch] = []
+    have = 0
+    for b in batches:
+        pending.append(b)
+        have += b.num_rows
+        while have >= rows:
+            merged = pa.Table.from_batches(pending).combine_chunks()
+            yield merged.slice(0, rows).to_batches(max_chunksize=rows)[0]
+            rest = merged.slice(rows)
+            pending, have = rest.to_batches(), rest.num_rows
+    if have:
+        yield pa.Table.from_batches(pending).combine_chunks().to_batches(max_chunksize=have)[0]
+
+
+class Progress:
+    """A one-line progress bar on a terminal (rows done, of the total when known, rows/s)."""
+
+    def __init__(self, label: str, total: int | None, enabled: bool, out: TextIO | None = None) -> None:
+        self.label, self.total, self.enabled = label, total, enabled
+        self.out = out or sys.stderr
+        self.done = 0
+        self.start = self._shown = time.perf_counter()
+
+    def update(self, rows: int) -> None:
+        self.done += rows
+        now = time.perf_counter()
+        if self.enabled and now - self._shown >= 0.1:
+            self._shown = now
+            self._draw(now)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.perf_counter())
+            self.out.write("\n")
+            self.out.flush()
+
+    def _draw(self, now: float) -> None:
+        rate = self.done / max(now - self.start, 1e-9)
+        if self.total:
+            share = min(self.done / self.total, 1.0)
+            bar = "#" * int(share * 30)
+            head = f"[{bar:<30}] {share:4.0%} {self.done:,}/{self.total:,}"
+        else:
+            head = f"{self.done:,}"
+        self.out.write(f"\r{self.label}: {head} rows, {rate:,.0f} rows/s")
+        self.out.flush()

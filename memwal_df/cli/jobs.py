@@ -1,0 +1,181 @@
+"""The background jobs as commands: `merge`, `build-index`, `gc`, `recover` and the `maintain` loop
+(`python -m memwal_df maintain` runs the same code). Each prints what it did (`--json`: the job's
+result object as data)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from memwal_df import gc as _gc
+from memwal_df.cli import _common as c
+from memwal_df.errors import InvalidArgumentError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser(
+        "merge",
+        help="merge flushed generations into the base table",
+        description="Merge flushed generations into the base table, in order, per region.",
+    )
+    c.add_table(m)
+    m.add_argument("--region", action="append", help="only this region id (repeat)")
+    m.add_argument("--max-generations", type=int, help="at most this many generations per region")
+    m.add_argument("--parallel", action="store_true", help="merge regions in parallel threads")
+    c.add_json(m)
+    m.set_defaults(run=_job(lambda t, a: t.merge(a.region, a.max_generations, a.parallel), _merge_text))
+
+    b = sub.add_parser(
+        "build-index",
+        help="snapshot region states into the MemWAL index",
+        description="Run the MemWAL index builder: snapshot every region's state into the MemWAL index "
+        "(read by --consistency snapshot) and advance stale WAL hints.",
+    )
+    c.add_table(b)
+    c.add_json(b)
+    b.set_defaults(run=_job(lambda t, a: t.build_index(), _build_text))
+
+    g = sub.add_parser(
+        "gc",
+        help="remove merged generations, their WAL entries and old manifests",
+        description="Remove merged generations no reader can still need, their WAL entries, orphaned "
+        "generation directories and old region manifest versions.",
+    )
+    c.add_table(g)
+    _grace(g)
+    g.add_argument(
+        "--keep-manifest-versions",
+        type=int,
+        default=_gc.DEFAULT_KEEP_MANIFEST_VERSIONS,
+        help=f"region manifest versions kept (default {_gc.DEFAULT_KEEP_MANIFEST_VERSIONS})",
+    )
+    c.add_json(g)
+    g.set_defaults(run=_job(_run_gc, _gc_text))
+
+    r = sub.add_parser(
+        "recover",
+        help="replay and flush WAL entries of crashed writers",
+        description="Claim every region whose WAL holds entries no generation covers, replay and flush "
+        "them (fences any writer still active on those regions).",
+    )
+    c.add_table(r)
+    c.add_json(r)
+    r.set_defaults(run=_job(lambda t, a: {"recovered": t.recover()}, _recover_text))
+
+    add_maintain(sub)
+
+
+def add_maintain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "maintain",
+        help="run merge, index build, index catch-up and GC in a loop",
+        description="Run merge, MemWAL index build, index catch-up and GC every --interval seconds until "
+        "interrupted (SIGINT/SIGTERM finish the current round, then exit). Exit code 1 when the last "
+        "round had a failed job.",
+    )
+    c.add_table(p)
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds (default 60)")
+    p.add_argument("--rounds", type=int, default=None, help="stop after this many rounds")
+    _grace(p)
+    p.add_argument("--quiet", action="store_true", help="log warnings only")
+    c.add_json(p)
+    p.set_defaults(run=run_maintain)
+
+
+def _grace(p: argparse.ArgumentParser) -> None:
+    default = _gc.DEFAULT_GRACE.total_seconds()
+    p.add_argument("--grace", type=float, default=default, help=f"GC grace period in seconds ({default:.0f})")
+
+
+def _job(call: Callable[[Any, argparse.Namespace], Any], text: Callable[[Any], str]) -> Callable:
+    def run(args: argparse.Namespace) -> int:
+        table = c.table_of(args)
+        t0 = time.perf_counter()
+        result = call(table, args)
+        seconds = time.perf_counter() - t0
+        c.emit(
+            args,
+            {**c.plain(result), "seconds": round(seconds, 3)},
+            lambda: f"{text(result)} in {seconds:.2f}s",
+        )
+        return c.Exit.OK
+
+    return run
+
+
+def _run_gc(table: Any, args: argparse.Namespace) -> _gc.GcResult:
+    if args.grace < 0:
+        raise InvalidArgumentError("--grace must be >= 0 seconds")
+    return table.gc(grace=timedelta(seconds=args.grace), keep_manifest_versions=args.keep_manifest_versions)
+
+
+def _merge_text(r: Any) -> str:
+    gens = sum(len(x.generations) for x in r.regions)
+    regions = sum(1 for x in r.regions if x.generations)
+    upserted, deleted = sum(x.rows_upserted for x in r.regions), sum(x.rows_deleted for x in r.regions)
+    return (
+        f"merged {gens} generation(s) of {regions} region(s): {upserted:,} rows upserted, {deleted:,} "
+        f"tombstones applied; base version {r.base_version}"
+    )
+
+
+def _build_text(r: Any) -> str:
+    return (
+        f"MemWAL index snapshot of {r.regions} region(s), {r.generations} generation(s) at base version "
+        f"{r.version} ({r.location}, {r.snapshot_bytes:,} bytes); {r.last_seen_advanced} WAL hint(s) advanced"
+    )
+
+
+def _gc_text(r: Any) -> str:
+    gens = sum(len(x.generations) for x in r.regions)
+    wal = sum(len(x.wal_positions) for x in r.regions)
+    orphans = sum(len(x.orphans) for x in r.regions)
+    manifests = sum(len(x.manifest_versions) for x in r.regions)
+    return (
+        f"removed {gens} generation(s), {wal} WAL entr{'y' if wal == 1 else 'ies'}, {orphans} orphaned "
+        f"director{'y' if orphans == 1 else 'ies'} and {manifests} manifest version(s)"
+    )
+
+
+def _recover_text(r: dict[str, Any]) -> str:
+    return f"recovered {len(r['recovered'])} region(s)" + "".join(f"\n  {x}" for x in r["recovered"])
+
+
+def run_maintain(args: argparse.Namespace) -> int:
+    if args.interval < 0 or args.grace < 0 or (args.rounds is not None and args.rounds < 1):
+        raise InvalidArgumentError("need --interval >= 0, --grace >= 0 and --rounds >= 1")
+    level = logging.WARNING if args.quiet or args.json else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    table = c.table_of(args)
+    stop = threading.Event()
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        rounds = table.maintain(
+            interval=args.interval, stop=stop, max_rounds=args.rounds, grace=timedelta(seconds=args.grace)
+        )
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    summary = [
+        {"round": r.number, "jobs": sorted(r.results), "errors": {k: str(v) for k, v in r.errors.items()}}
+        for r in rounds
+    ]
+    failed = {k for r in rounds for k in r.errors}
+    c.emit(
+        args,
+        summary,
+        lambda: (
+            f"{len(rounds)} round(s)"
+            + (f"; failed jobs: {', '.join(sorted(failed))}" if failed else "; no errors")
+        ),
+    )
+    return c.Exit.FAILED if rounds and rounds[-1].errors else c.Exit.OK

@@ -1,0 +1,235 @@
+"""`memwal sql` (one query, or an interactive shell when no query is given) and `memwal explain`.
+
+Tables are registered as `MemWalTable`s in one DataFusion context prepared by `memwal_df.register`,
+so `vector_search`, `fts`, `memwal_explain` and `memwal_explain_search` work in the SQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from typing import Any
+
+import datafusion
+import pyarrow as pa
+
+from memwal_df.cli import _common as c
+from memwal_df.dataset import MemWalTable
+from memwal_df.errors import InvalidArgumentError
+from memwal_df.sql import register as register_functions
+from memwal_df.sqlexpr import parse_filter
+from memwal_df.table import open_table
+
+CONSISTENCY = ("latest", "snapshot")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sql",
+        help="run SQL over tables (an interactive shell without a query)",
+        description="Run one SQL query over MemWAL tables, or start an interactive SQL shell when no "
+        "query is given (statements end with ';'; \\q quits, \\d lists tables, \\? shows help). "
+        "vector_search(...), fts(...) and memwal_explain(...) are available.",
+        epilog='example: memwal sql -t events=./events "SELECT count(*) FROM events"',
+    )
+    p.add_argument("query", nargs="?", help="the SQL query (omit for the shell)")
+    p.add_argument(
+        "-t",
+        "--table",
+        action="append",
+        required=True,
+        metavar="NAME=URI",
+        help="register a table (repeat); a bare URI is registered as 't'",
+    )
+    c.add_storage_options(p)
+    p.add_argument("--consistency", choices=CONSISTENCY, default="latest", help="read mode (docs/reading.md)")
+    p.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default 100)")
+    c.add_json(p)
+    p.set_defaults(run=run_sql)
+
+    e = sub.add_parser(
+        "explain",
+        help="show the operator tree of a query with a filter",
+        description="The operator tree memwal_df plans for a scan of the table with FILTER (SQL text, "
+        'e.g. "id = 5" or "category = \'a\' AND value < 0.1"); no filter: a full scan.',
+    )
+    c.add_table(e)
+    e.add_argument("filter", nargs="?", help="a SQL filter (default: none)")
+    e.add_argument("--columns", help="comma-separated projection (default: every column)")
+    e.add_argument("--consistency", choices=CONSISTENCY, default="latest")
+    c.add_json(e)
+    e.set_defaults(run=run_explain)
+
+
+# ------------------------------------------------------------------------------------------- context
+
+
+def table_specs(items: list[str]) -> dict[str, str]:
+    """`-t` values as name -> URI; a bare URI is named `t` (only when it is the only table)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, uri = item.partition("=")
+        if not sep:
+            if len(items) > 1:
+                raise InvalidArgumentError(f"name every table when there are several: -t NAME={item}")
+            name, uri = "t", item
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or not uri:
+            raise InvalidArgumentError(f"-t takes NAME=URI with NAME an SQL identifier, got {item!r}")
+        if name in out:
+            raise InvalidArgumentError(f"table name {name!r} given twice")
+        out[name] = uri
+    return out
+
+
+def context(tables: dict[str, str], options: dict[str, str] | None, consistency: str) -> Any:
+    """A DataFusion context with memwal_df's functions and each table registered as a MemWalTable."""
+    config = datafusion.SessionConfig().with_information_schema(True)
+    ctx = register_functions(datafusion.SessionContext(config))
+    for name, uri in tables.items():
+        ctx.register_table(name, MemWalTable(open_table(uri, options), consistency=consistency))
+    return ctx
+
+
+def run_query(ctx: Any, sql: str) -> pa.Table:
+    """The query's result; `SqlError` (exit code 6) with DataFusion's message when it fails."""
+    try:
+        return ctx.sql(sql).to_arrow_table()
+    except Exception as e:  # noqa: BLE001 - DataFusion raises plain ValueError/Exception
+        raise c.SqlError(sql_message(e)) from e
+
+
+def sql_message(e: BaseException) -> str:
+    """DataFusion's message, with a wrapped Python error shown as `Type: message`."""
+    text = str(e)
+    m = re.search(r"PyErr \{ type: <class '([\w.]+)'>, value: \w+\((.*?)\), traceback", text, flags=re.S)
+    if m:
+        return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip(chr(34) + chr(39))}"
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+
+
+def render(result: pa.Table, max_rows: int) -> str:
+    """A result as an aligned text table of at most `max_rows` rows, with the row count."""
+    shown = result.slice(0, max_rows)
+    rows = [list(r.values()) for r in shown.to_pylist()]
+    footer = f"({result.num_rows:,} row{'s' if result.num_rows != 1 else ''}"
+    footer += f", first {max_rows} shown)" if result.num_rows > max_rows else ")"
+    return c.text_table(result.column_names, rows) + "\n" + footer
+
+
+def print_result(args: argparse.Namespace, result: pa.Table) -> None:
+    c.emit(args, result.to_pylist(), lambda: render(result, args.max_rows))
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def run_sql(args: argparse.Namespace) -> int:
+    ctx = context(table_specs(args.table), c.storage_options(args), args.consistency)
+    if args.query is not None:
+        print_result(args, run_query(ctx, args.query))
+        return c.Exit.OK
+    return Shell(ctx, args).run()
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    table = MemWalTable(c.table_of(args), consistency=args.consistency)
+    columns = [x.strip() for x in args.columns.split(",")] if args.columns else None
+    unknown = [x for x in columns or () if x not in table.schema.names]
+    if unknown:
+        raise InvalidArgumentError(f"--columns: no such columns {unknown}")
+    lines = table.explain(parse_filter(args.filter) if args.filter else None, columns).splitlines()
+    c.emit(args, {"filter": args.filter, "plan": lines}, lambda: "\n".join(lines))
+    return c.Exit.OK
+
+
+class Shell:
+    """The interactive SQL shell: statements end with `;`, backslash commands on their own line."""
+
+    HELP = (
+        "statements end with ';' and may span lines\n"
+        "\\d          list tables\n\\d NAME     describe a table\n"
+        "\\timing     toggle query timing\n\\q          quit"
+    )
+
+    def __init__(self, ctx: Any, args: argparse.Namespace) -> None:
+        self.ctx, self.args = ctx, args
+        self.interactive = sys.stdin.isatty()
+        self.timing = False
+        self.failed = False
+
+    def run(self) -> int:
+        if self.interactive:
+            import readline  # noqa: F401 - line editing and history for input()
+
+            print(f"memwal SQL shell; tables: {', '.join(self.tables())}. \\? for help, \\q to quit.")
+        buffer: list[str] = []
+        while True:
+            line = self._read("memwal> " if not buffer else "   ...> ")
+            if line is None:
+                break
+            if not buffer and line.strip().startswith("\\"):
+                if not self.command(line.strip()):
+                    return self._exit()
+                continue
+            buffer.append(line)
+            if line.rstrip().endswith(";"):
+                self.execute("\n".join(buffer))
+                buffer = []
+        if "".join(buffer).strip():
+            self.execute("\n".join(buffer))
+        return self._exit()
+
+    def _exit(self) -> int:
+        return c.Exit.SQL if self.failed else c.Exit.OK
+
+    def _read(self, prompt: str) -> str | None:
+        if self.interactive:
+            try:
+                return input(prompt)
+            except EOFError:
+                print()
+                return None
+        line = sys.stdin.readline()
+        return line.rstrip("\n") if line else None
+
+    def tables(self) -> list[str]:
+        return list(table_specs(self.args.table))
+
+    def command(self, cmd: str) -> bool:
+        """Run a backslash command; False to quit."""
+        word, _, arg = cmd.partition(" ")
+        if word in ("\\q", "\\quit"):
+            return False
+        if word == "\\d" and not arg:
+            print("\n".join(self.tables()))
+        elif word == "\\d" and arg.strip() in self.tables():
+            self.execute(
+                "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+                f"WHERE table_name = '{arg.strip()}' ORDER BY ordinal_position"
+            )
+        elif word == "\\timing":
+            self.timing = not self.timing
+            print(f"timing {'on' if self.timing else 'off'}")
+        elif word in ("\\?", "\\h", "\\help"):
+            print(self.HELP)
+        else:
+            print(f"unknown command or table: {cmd}; \\? for help", file=sys.stderr)
+            self.failed = True
+        return True
+
+    def execute(self, sql: str) -> None:
+        sql = sql.strip().rstrip(";").strip()
+        if not sql:
+            return
+        t0 = time.perf_counter()
+        try:
+            result = run_query(self.ctx, sql)
+        except c.SqlError as e:
+            print(f"error: {e}", file=sys.stderr)
+            self.failed = True
+            return
+        print_result(self.args, result)
+        if self.timing:
+            print(f"time: {(time.perf_counter() - t0) * 1e3:.1f} ms")

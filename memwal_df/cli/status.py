@@ -1,0 +1,96 @@
+"""`memwal status`: regions, writer epochs, generations, merge and index catch-up progress."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from memwal_df import memwal_index
+from memwal_df.cli import _common as c
+from memwal_df.table import Table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "status",
+        help="show regions, epochs, generations, merge and index catch-up progress",
+        description="Regions (one row each), their writer epoch, flushed and merged generations, WAL "
+        "positions and, per maintained base index, the generation its catch-up covers.",
+    )
+    c.add_table(p)
+    c.add_json(p)
+    p.set_defaults(run=run)
+
+
+def collect(table: Table) -> dict[str, Any]:
+    """`table.status()` plus, per region, the unmerged generations and each index's catch-up."""
+    st = table.status()
+    catchup = memwal_index.index_catchup(table.details)
+    regions = []
+    for r in st["regions"]:
+        d = c.plain(r)
+        d["unmerged_generations"] = [g for g, _ in r.flushed_generations if g > r.merged_generation]
+        d["index_catchup"] = {name: per.get(r.region_id, 0) for name, per in sorted(catchup.items())}
+        regions.append(d)
+    return {
+        **c.plain(st),
+        "region_spec_text": c.spec_text(table),
+        "indexes": sorted(i["name"] for i in table.dataset.list_indices()),
+        "regions": regions,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect(c.table_of(args))
+    c.emit(args, info, lambda: text(info))
+    return c.Exit.OK
+
+
+def text(info: dict[str, Any]) -> str:
+    maintained = info["maintained_indexes"]
+    indexes = [i for i in info["indexes"] if i != memwal_index.MEMWAL_INDEX_NAME]
+    head = [
+        f"table        {info['uri']}",
+        f"base         version {info['base_version']}, {info['base_rows']:,} rows",
+        f"primary key  {', '.join(info['primary_key'])}",
+        f"region spec  {info['region_spec_text']}",
+        f"indexes      {', '.join(indexes) or 'none'} (maintained: "
+        f"{maintained if maintained == 'all' else ', '.join(maintained) or 'none'})",
+    ]
+    regions = info["regions"]
+    if not regions:
+        return "\n".join([*head, "", "no regions yet"])
+    names = sorted({n for r in regions for n in r["index_catchup"]})
+    headers = ["region", "values", "epoch", "manifest", "next gen", "flushed", "merged", "unmerged"]
+    headers += ["WAL seen", "replay after", *(f"catch-up {n}" for n in names)]
+    rows = [
+        [
+            r["region_id"][:8],
+            "" if r["values"] is None else ", ".join(map(str, r["values"])),
+            r["writer_epoch"],
+            r["manifest_version"],
+            r["current_generation"],
+            _gens([g for g, _ in r["flushed_generations"]]),
+            r["merged_generation"],
+            _gens(r["unmerged_generations"]),
+            r["wal_entry_position_last_seen"],
+            r["replay_after_wal_entry_position"],
+            *(r["index_catchup"][n] for n in names),
+        ]
+        for r in regions
+    ]
+    unmerged = sum(len(r["unmerged_generations"]) for r in regions)
+    foot = f"{len(regions)} regions, {unmerged} flushed generations not merged yet"
+    return "\n".join([*head, "", c.text_table(headers, rows), "", foot])
+
+
+def _gens(gens: list[int]) -> str:
+    """Generation numbers, runs shortened: 1-4,7."""
+    if not gens:
+        return "-"
+    parts, start = [], gens[0]
+    for prev, g in zip(gens, [*gens[1:], None], strict=True):
+        if g is None or g != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = g
+    return ",".join(parts)
