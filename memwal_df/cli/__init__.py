@@ -31,9 +31,23 @@ def parser(prog: str = "memwal") -> argparse.ArgumentParser:
     return p
 
 
+def _subcommand(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of command `name`."""
+    (action,) = (a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
 def main(argv: list[str] | None = None, prog: str = "memwal") -> int:
     """Run one command; returns its exit code (argparse's usage errors exit with 2 themselves)."""
-    args = parser(prog).parse_args(argv)
+    p = parser(prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        # argparse's first pass cannot take an option between two positionals (`delete URI -o K=V
+        # FILE`, `explain URI -o K=V "id = 1"`): parse the command's own words again, intermixed.
+        sub = _subcommand(p, args.command)
+        position = argv.index(args.command)
+        args = argparse.Namespace(**{**vars(args), **vars(sub.parse_intermixed_args(argv[position + 1 :]))})
     try:
         return int(args.run(args))
     except BrokenPipeError:  # the reader of stdout went away (`memwal ... | head`)

@@ -18,6 +18,7 @@ import pyarrow as pa
 from memwal_df.cli import _common as c
 from memwal_df.dataset import MemWalTable
 from memwal_df.errors import InvalidArgumentError
+from memwal_df.predicate import referenced_columns
 from memwal_df.sql import register as register_functions
 from memwal_df.sqlexpr import parse_filter
 from memwal_df.table import open_table
@@ -139,13 +140,30 @@ def run_explain(args: argparse.Namespace) -> int:
     unknown = [x for x in columns or () if x not in table.schema.names]
     if unknown:
         raise InvalidArgumentError(f"--columns: no such columns {unknown}")
-    lines = table.explain(parse_filter(args.filter) if args.filter else None, columns).splitlines()
+    lines = table.explain(_filter(args.filter, table.schema), columns).splitlines()
     c.emit(args, {"filter": args.filter, "plan": lines}, lambda: "\n".join(lines))
     return c.Exit.OK
 
 
+def _filter(text: str | None, schema: pa.Schema) -> Any:
+    """The filter text as a pyarrow expression; InvalidArgumentError if it does not parse or reads
+    columns the table lacks."""
+    if not text:
+        return None
+    try:
+        expr = parse_filter(text)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
+    unknown = sorted(referenced_columns(expr) - set(schema.names))
+    if unknown:
+        raise InvalidArgumentError(f"the filter reads columns the table lacks: {unknown}")
+    return expr
+
+
 class Shell:
-    """The interactive SQL shell: statements end with `;`, backslash commands on their own line."""
+    """The interactive SQL shell: statements end with `;` (a statement unfinished at end of input
+    runs too); backslash commands take a line of their own, `\\q` quits without running an
+    unfinished statement. The exit code is 6 when any statement or command failed."""
 
     HELP = (
         "statements end with ';' and may span lines\n"
@@ -169,7 +187,7 @@ class Shell:
             line = self._read("memwal> " if not buffer else "   ...> ")
             if line is None:
                 break
-            if not buffer and line.strip().startswith("\\"):
+            if line.strip().startswith("\\"):  # a command, also inside a statement (\q drops it)
                 if not self.command(line.strip()):
                     return self._exit()
                 continue

@@ -35,7 +35,7 @@ def collect(table: Table) -> dict[str, Any]:
     return {
         **c.plain(st),
         "region_spec_text": c.spec_text(table),
-        "indexes": sorted(i["name"] for i in table.dataset.list_indices()),
+        "indexes": sorted({m.name for m in memwal_index.read_index_section(table.storage)[1]}),
         "regions": regions,
     }
 

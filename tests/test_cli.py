@@ -1,0 +1,355 @@
+"""The `memwal` command line: every command on real tables (local and once on the moto S3 server),
+results checked against a dict model of the input files and against `reference.stored_rows`, and
+every error class mapped to its exit code."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import subprocess
+import sys
+import tomllib
+from datetime import timedelta
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import stored_rows
+
+import memwal_df as mw
+from memwal_df.cli import Exit, main
+from memwal_df.cli.inputs import rebatch
+from memwal_df.cli.parse import parse_region_spec, parse_schema
+from memwal_df.errors import InvalidArgumentError
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = "id:int64,name:string,score:float64,vec:vector[3]"
+
+
+def cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    """Run `memwal ARGV` in this process: (exit code, stdout, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_json(capsys: pytest.CaptureFixture, *argv: str) -> object:
+    code, out, err = cli(capsys, *argv, "--json")
+    assert code == Exit.OK, err
+    return json.loads(out)
+
+
+def options_args(options: dict[str, str] | None) -> list[str]:
+    return [a for k, v in (options or {}).items() for a in ("-o", f"{k}={v}")]
+
+
+def rows(ids: range, tag: str, with_vec: bool = True) -> list[dict]:
+    return [
+        {
+            "id": i,
+            "name": f"{tag}-{i}",
+            "score": i / 4,
+            **({"vec": [i / 2, 1.0, -0.25]} if with_vec else {}),
+        }
+        for i in ids
+    ]
+
+
+def write_inputs(d: Path) -> tuple[list[Path], dict[int, dict]]:
+    """One file per format with overlapping keys, and the model after ingesting them in order."""
+    d.mkdir(parents=True, exist_ok=True)
+    vec_type = pa.list_(pa.float32(), 3)
+    schema = pa.schema(
+        [("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", vec_type)]
+    )
+    parts = [rows(range(0, 60), "parquet"), rows(range(40, 90), "arrow"), rows(range(80, 120), "json")]
+    csv_rows = rows(range(100, 130), "csv", with_vec=False)
+    files = [d / "a.parquet", d / "b.arrow", d / "c.jsonl", d / "d.csv"]
+    pq.write_table(pa.Table.from_pylist(parts[0], schema), files[0], row_group_size=7)
+    with pa.ipc.new_file(str(files[1]), schema) as w:
+        w.write_table(pa.Table.from_pylist(parts[1], schema), max_chunksize=9)
+    files[2].write_text("\n".join(json.dumps(r) for r in parts[2]) + "\n")
+    pcsv.write_csv(pa.Table.from_pylist(csv_rows), files[3])
+    model: dict[int, dict] = {}
+    for r in [*parts[0], *parts[1], *parts[2], *csv_rows]:
+        model[r["id"]] = {"vec": None, **r}
+    return files, model
+
+
+def sql_rows(capsys: pytest.CaptureFixture, uri: str, opts: list[str], *extra: str) -> dict[int, dict]:
+    got = cli_json(capsys, "sql", "-t", f"t={uri}", *opts, *extra, "SELECT * FROM t")
+    return {r["id"]: r for r in got}
+
+
+def test_every_command_on_a_table(capsys, tmp_path, table_uri, table_storage_options):
+    uri, opts = table_uri, options_args(table_storage_options)
+    files, model = write_inputs(tmp_path / "in")
+
+    created = cli_json(capsys, "create", uri, *opts, "--schema", SCHEMA, "-k", "id", "--spec", "bucket(id,4)")
+    assert created["region_spec"] == "bucket[4](id)" and created["base_rows"] == 0
+
+    ingested = cli_json(capsys, "ingest", uri, *opts, *map(str, files), "--batch-size", "16", "--no-progress")
+    assert ingested["rows"] == 60 + 50 + 40 + 30 and len(ingested["regions"]) == 4
+    keys = tmp_path / "in" / "keys.parquet"
+    pq.write_table(pa.table({"id": pa.array([5, 45, 500], pa.int64()), "other": ["x", "y", "z"]}), keys)
+    cli_json(capsys, "delete", uri, *opts, str(keys))
+    cli_json(capsys, "ingest", uri, *opts, "--delete", str(files[3]))  # a data file as a key file
+    cli_json(capsys, "delete", uri, *opts, "--keys", "1, 2,3", "--no-durable")
+    for k in [5, 45, 500, *range(100, 130), 1, 2, 3]:
+        model.pop(k, None)
+
+    table = mw.open_table(uri, table_storage_options)
+    assert sql_rows(capsys, uri, opts) == model == stored_rows(table)
+
+    status = cli_json(capsys, "status", uri, *opts)
+    assert status["base_rows"] == 0 and len(status["regions"]) == 4
+    assert all(r["unmerged_generations"] for r in status["regions"])
+    code, text, _ = cli(capsys, "status", uri, *opts)
+    assert code == 0 and "4 regions" in text and "bucket[4](id)" in text
+
+    plan = cli_json(capsys, "explain", uri, *opts, "id = 7", "--columns", "id,name")
+    assert any("TakeLastExec" in line for line in plan["plan"])
+
+    merged = cli_json(capsys, "merge", uri, *opts)
+    assert sum(len(r["generations"]) for r in merged["regions"]) == sum(
+        len(r["unmerged_generations"]) for r in status["regions"]
+    )
+    after = cli_json(capsys, "status", uri, *opts)
+    assert after["base_rows"] == len(model) and not any(r["unmerged_generations"] for r in after["regions"])
+    assert sql_rows(capsys, uri, opts) == model
+
+    built = cli_json(capsys, "build-index", uri, *opts)
+    assert built["regions"] == 4
+    assert sql_rows(capsys, uri, opts, "--consistency", "snapshot") == model
+
+    lance.dataset(uri, storage_options=table_storage_options).cleanup_old_versions(older_than=timedelta(0))
+    removed = cli_json(capsys, "gc", uri, *opts, "--grace", "0")
+    gone = {r["region_id"]: r["generations"] for r in removed["regions"]}
+    assert gone == {r["region_id"]: [g for g, _ in r["flushed_generations"]] for r in after["regions"]}
+    assert sql_rows(capsys, uri, opts) == model == stored_rows(table)
+
+
+def test_sql_text_output_joins_and_search(capsys, tmp_path):
+    files, _ = write_inputs(tmp_path / "in")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for uri in (a, b):
+        assert (
+            cli(capsys, "create", uri, "--from", str(files[0]), "-k", "id", "--spec", "bucket(id,2)")[0] == 0
+        )
+    cli_json(capsys, "ingest", b, str(files[1]), str(files[2]))  # arrow rows 40..89, then json 80..119
+    b_names = {r["id"]: r["name"] for r in [*rows(range(0, 60), "parquet"), *rows(range(40, 90), "arrow")]}
+    b_names |= {r["id"]: r["name"] for r in rows(range(80, 120), "json")}
+    query = "SELECT count(*) AS n FROM a JOIN b ON a.id = b.id WHERE b.name LIKE 'arrow%'"
+    got = cli_json(capsys, "sql", "-t", f"a={a}", "-t", f"b={b}", query)
+    assert got == [{"n": sum(1 for k, n in b_names.items() if k < 60 and n.startswith("arrow"))}]
+    code, out, _ = cli(capsys, "sql", "-t", a, "SELECT id, name FROM t ORDER BY id", "--max-rows", "3")
+    assert (
+        code == 0 and out.splitlines()[2].split() == ["0", "parquet-0"] and "(60 rows, first 3 shown)" in out
+    )
+    top = cli_json(capsys, "sql", "-t", b, "SELECT id FROM vector_search('t', 'vec', [59.5, 1.0, -0.25], 1)")
+    assert top == [{"id": 119}]  # vec = [id / 2, 1, -0.25]: id 119 is exactly the query
+    hits = cli_json(capsys, "sql", "-t", b, "SELECT id FROM fts('t', 'name', 'json', 100) ORDER BY id")
+    assert [r["id"] for r in hits] == sorted(k for k, n in b_names.items() if n.startswith("json"))
+
+
+def test_sql_shell(capsys, tmp_path, monkeypatch):
+    files, _ = write_inputs(tmp_path / "in")
+    uri = str(tmp_path / "t")
+    cli(capsys, "create", uri, "--from", str(files[0]), "-k", "id")
+
+    def shell(script: str) -> tuple[int, list[str], str]:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(script))
+        code, out, err = cli(capsys, "sql", "-t", uri)
+        return code, out.splitlines(), err
+
+    code, lines, err = shell("\\d\nSELECT count(*)\n  AS n FROM t;\n\\d t\nSELECT max(id) + 1 AS m FROM t")
+    assert code == Exit.OK and err == ""
+    assert lines[0] == "t" and "60" in lines  # \d, then the two-line count
+    assert any(line.startswith("vec ") for line in lines)
+    assert lines[-2:] == ["60", "(1 row)"]  # the unterminated statement runs at end of input
+
+    code, lines, err = shell("SELEC 1;\nSELECT 7 AS x;\nSELECT 8 AS y\n\\q\nSELECT 9 AS z;\n")
+    assert code == Exit.SQL and "ParserError" in err  # the failed statement did not stop the shell
+    assert "7" in lines and "8" not in lines and "9" not in lines  # \q dropped the unfinished one
+
+
+def test_maintain_and_recover(capsys, tmp_path):
+    uri = str(tmp_path / "t")
+    cli(capsys, "create", uri, "--schema", SCHEMA, "-k", "id", "--spec", "bucket(id,2)")
+    table = mw.open_table(uri)
+    crashed = table.writer(durable=True)
+    crashed.put(pa.Table.from_pylist(rows(range(10), "wal"), table.schema.schema))
+    crashed.abort()  # durable in the WAL, never flushed
+    assert cli_json(capsys, "sql", "-t", uri, "SELECT count(*) AS n FROM t") == [{"n": 0}]
+    recovered = cli_json(capsys, "recover", uri)
+    assert sorted(recovered["recovered"]) == sorted(str(r) for r in table.region_ids())
+    assert cli_json(capsys, "sql", "-t", uri, "SELECT count(*) AS n FROM t") == [{"n": 10}]
+
+    rounds = cli_json(capsys, "maintain", uri, "--rounds", "2", "--interval", "0", "--grace", "0")
+    assert [r["round"] for r in rounds] == [1, 2] and not any(r["errors"] for r in rounds)
+    status = cli_json(capsys, "status", uri)
+    assert status["base_rows"] == 10 and not any(r["unmerged_generations"] for r in status["regions"])
+    assert {k: {**v, "vec": None} for k, v in stored_rows(table).items()} == {
+        r["id"]: {**r, "vec": None} for r in rows(range(10), "wal")
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["status", "{missing}"], Exit.NOT_FOUND, "TableNotFoundError"),
+        (["create", "{table}", "--schema", "id:int64", "-k", "id"], Exit.NOT_FOUND, "TableExistsError"),
+        (["create", "{new}", "--schema", "id:int65", "-k", "id"], Exit.USAGE, "unknown type 'int65'"),
+        (["create", "{new}", "--schema", "id int64", "-k", "id"], Exit.USAGE, "NAME:TYPE"),
+        (["create", "{new}", "--schema", "v:float64", "-k", "id"], Exit.USAGE, "SchemaMismatchError"),
+        (
+            ["create", "{new}", "--schema", "id:int64", "-k", "id", "--spec", "bucket(nope,4)"],
+            Exit.USAGE,
+            "InvalidRegionSpecError",
+        ),
+        (
+            ["create", "{new}", "--schema", "id:int64", "-k", "id", "--spec", "buckets(id,4)"],
+            Exit.USAGE,
+            "unknown region transform",
+        ),
+        (["create", "{new}", "--from", "{dir}/none.parquet", "-k", "id"], Exit.NOT_FOUND, "no such file"),
+        (["ingest", "{table}", "{dir}/none.parquet"], Exit.NOT_FOUND, "no such file"),
+        (["ingest", "{table}", "{dir}/data.txt"], Exit.USAGE, "cannot tell the format"),
+        (["ingest", "{table}", "{dir}/bad.parquet"], Exit.USAGE, "SchemaMismatchError"),
+        (["ingest", "{table}", "{dir}/data.txt", "--batch-size", "0"], Exit.USAGE, "--batch-size"),
+        (["delete", "{table}"], Exit.USAGE, "give --keys or key FILEs"),
+        (["delete", "{table}", "--keys", "1,x"], Exit.USAGE, "cannot read"),
+        (["sql", "-t", "{table}", "SELEC 1"], Exit.SQL, "ParserError"),
+        (["sql", "-t", "{table}", "SELECT * FROM nope"], Exit.SQL, "not found"),
+        (["sql", "-t", "{table}", "SELECT * FROM fts('t', 'id', 'x', 0)"], Exit.SQL, "InvalidConfigError"),
+        (["sql", "-t", "{table}", "-t", "{table}", "SELECT 1"], Exit.USAGE, "name every table"),
+        (["sql", "-t", "1x={table}", "SELECT 1"], Exit.USAGE, "SQL identifier"),
+        (["status", "{table}", "-o", "novalue"], Exit.USAGE, "KEY=VALUE"),
+        (["explain", "{table}", "id ="], Exit.USAGE, "expected a column or a value"),
+        (["explain", "{table}", "nope = 1"], Exit.USAGE, "columns the table lacks: ['nope']"),
+        (["explain", "{table}", "--columns", "id,nope"], Exit.USAGE, "no such columns"),
+        (["gc", "{table}", "--grace", "-1"], Exit.USAGE, "--grace"),
+        (["maintain", "{table}", "--rounds", "0"], Exit.USAGE, "--rounds"),
+    ],
+)
+def test_errors_map_to_exit_codes(capsys, tmp_path, argv, code, message):
+    table = tmp_path / "t"
+    mw.create_table(str(table), parse_schema("id:int64,v:float64"), "id", region_spec=mw.bucket("id", 2))
+    (tmp_path / "data.txt").write_text("id\n1\n")
+    pq.write_table(pa.table({"id": [1], "other": ["x"]}), tmp_path / "bad.parquet")
+    names = {"table": table, "missing": tmp_path / "missing", "new": tmp_path / "new", "dir": tmp_path}
+    got, out, err = cli(capsys, *(a.format(**names) for a in argv))
+    assert (got, out) == (code, "")
+    assert err.startswith(f"memwal {argv[0]}: error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_usage_errors_exit_2(capsys):
+    for argv in ([], ["nope"], ["create"], ["status"], ["sql", "SELECT 1"], ["merge", "x", "--bad"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == Exit.USAGE
+        assert "usage:" in capsys.readouterr().err
+
+
+def test_help_of_every_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    commands = ["create", "ingest", "delete", "sql", "explain", "status", "merge", "build-index", "gc"]
+    commands += ["recover", "maintain", "bench"]
+    top = capsys.readouterr().out
+    assert e.value.code == 0 and all(c in top for c in commands)
+    for command in commands:
+        with pytest.raises(SystemExit) as e:
+            main([command, "--help"])
+        assert e.value.code == 0 and f"usage: memwal {command}" in capsys.readouterr().out
+
+
+def test_entry_points_run_the_cli(tmp_path):
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, name = scripts["memwal"].partition(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is main
+    run = subprocess.run(
+        [sys.executable, "-m", "memwal_df", "status", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert run.returncode == Exit.NOT_FOUND and "python -m memwal_df status: error:" in run.stderr
+
+
+def test_bench_runs_a_script_of_the_checkout(capsys):
+    code, _, _ = cli(capsys, "bench", "merge", "--help")  # the script's output goes to the real stdout
+    assert code == 0
+    assert cli(capsys, "bench", "merge", "--no-such-option")[0] == 2  # the script's exit code
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("bucket(id,4)", mw.bucket("id", 4)),
+        ("bucket( id , 4 )", mw.bucket("id", 4)),
+        ("multi_bucket(a,b,8)", mw.multi_bucket(["a", "b"], 8)),
+        ("identity(c)", mw.identity("c")),
+        ("year(ts)", mw.year("ts")),
+        ("month(ts)", mw.month("ts")),
+        ("day(ts)", mw.day("ts")),
+        ("hour(ts)", mw.hour("ts")),
+        ("truncate(s,3)", mw.truncate("s", 3)),
+        ("unsharded", mw.unsharded()),
+        ("unsharded()", mw.unsharded()),
+        (
+            "bucket(id,4)+identity(c)",
+            mw.bucket("id", 4, field_id="bucket_0") + mw.identity("c", field_id="identity_1"),
+        ),
+    ],
+)
+def test_region_spec_text(text, expected):
+    assert parse_region_spec(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["bucket(id)", "bucket(id,x)", "foo(id)", "bucket(id,4", "identity(a,b)", ""]
+)
+def test_bad_region_spec_text(text):
+    with pytest.raises(InvalidArgumentError):
+        parse_region_spec(text)
+
+
+def test_schema_text():
+    got = parse_schema(
+        "id:int64, s:string,v:vector[8],h:vector[2,float16],ts:timestamp[us],l:list[int32],b:bool"
+    )
+    assert got == pa.schema(
+        [
+            ("id", pa.int64()),
+            ("s", pa.string()),
+            ("v", pa.list_(pa.float32(), 8)),
+            ("h", pa.list_(pa.float16(), 2)),
+            ("ts", pa.timestamp("us")),
+            ("l", pa.list_(pa.int32())),
+            ("b", pa.bool_()),
+        ]
+    )
+    for bad in ["id:int64,id:string", "id:", ":int64", "v:vector[0]", "v:vector[3,int8]", "x:nope"]:
+        with pytest.raises(InvalidArgumentError):
+            parse_schema(bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=12), st.integers(1, 25))
+def test_rebatch_keeps_rows_and_order(sizes, rows_per_batch):
+    start = [0, *itertools.accumulate(sizes)]
+    batches = [
+        pa.record_batch({"x": pa.array(range(a, a + n), pa.int64())})
+        for a, n in zip(start[:-1], sizes, strict=True)
+    ]
+    out = list(rebatch(iter(batches), rows_per_batch))
+    assert [v for b in out for v in b.column(0).to_pylist()] == list(range(sum(sizes)))
+    assert all(b.num_rows == rows_per_batch for b in out[:-1])
+    assert not out or 0 < out[-1].num_rows <= rows_per_batch
