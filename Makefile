@@ -23,8 +23,13 @@ test-slow: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-bench: $(STAMP)
-	$(BIN)/python bench/write.py
+# make bench: quick sizes; FULL=1 for the reference workload; BENCH_ARGS="--only write,read" etc.
+$(VENV)/.bench-installed: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,dev,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python bench/report.py $(if $(FULL),--full) $(BENCH_ARGS)
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

@@ -7,17 +7,19 @@ regions, a BTREE index on the key): merge, MemWAL index build, index catch-up an
 after the other on one table in the same run (so the merge time is their peer).
 
     PYTHONPATH=. python bench/merge.py [--small] [--base N] [--rows N] [--regions N] [--gens N]
-                                       [--job-regions N] [--job-gens N]
+                                       [--job-regions N] [--job-gens N] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import lance
 import numpy as np
@@ -70,7 +72,7 @@ def lance_primitives(uri: str) -> int:
     return rows
 
 
-def jobs(uri: str, regions: int, gens: int, rows_per_gen: int = 20) -> None:
+def jobs(uri: str, regions: int, gens: int, rows_per_gen: int = 20) -> list[dict]:
     """Time merge, build_index, catch_up_indexes and gc over `gens` generations in `regions` regions."""
     rng = np.random.default_rng(1)
     base = 10 * regions * rows_per_gen
@@ -106,11 +108,14 @@ def jobs(uri: str, regions: int, gens: int, rows_per_gen: int = 20) -> None:
 
     steps = {"merge": merge, "build_index": build, "catch_up_indexes": catch_up}
     steps |= {"cleanup_old_versions": cleanup, "gc": gc}
+    out = []
     for name, step in steps.items():
         t0 = time.perf_counter()
         what = step()
         dt = time.perf_counter() - t0
         print(f"  {name:22s} {dt:8.2f} s {dt / flushed * 1e3:8.2f} ms/generation  ({what})")
+        out.append({"job": name, "seconds": dt, "generations": flushed, "what": what})
+    return out
 
 
 def main() -> None:
@@ -122,6 +127,7 @@ def main() -> None:
     p.add_argument("--gens", type=int, default=3)
     p.add_argument("--job-regions", type=int, default=100)
     p.add_argument("--job-gens", type=int, default=1000)
+    p.add_argument("--json", help="also write the results as JSON to this file")
     a = p.parse_args()
     if a.small:
         a.base, a.rows, a.job_regions, a.job_gens = 100_000, 40_000, 20, 100
@@ -143,13 +149,21 @@ def main() -> None:
             dt = time.perf_counter() - t0
             results[name] = (rows, dt, sorted(lance.dataset(uri).to_table().column("id").to_pylist()))
         peer = results["Lance primitives (serial)"]
+        merges = []
         for name, (rows, dt, ids) in results.items():
             same = "same result" if ids == peer[2] else "DIFFERENT RESULT"
             print(
                 f"{name:36s} {rows:8d} rows {dt:7.2f} s {rows / dt / 1e3:8.1f} k rows/s "
                 f"x{peer[1] / dt:4.2f} vs Lance  ({same})"
             )
-        jobs(f"{root}/jobs", a.job_regions, a.job_gens)
+            merges.append({"engine": name, "rows": rows, "seconds": dt, "same_result": ids == peer[2]})
+        job_times = jobs(f"{root}/jobs", a.job_regions, a.job_gens)
+        if a.json:
+            config = {k: v for k, v in vars(a).items() if k != "json"}
+            report = {"config": config, "merge": merges, "jobs": job_times}
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(json.dumps(report, indent=2))
+            print(f"results written to {a.json}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

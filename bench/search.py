@@ -24,12 +24,14 @@ Nothing is asserted: the script prints a Markdown table and the DESIGN.md sectio
 
     python bench/search.py --small        # base 50k, 20k upserts
     python bench/search.py                # base 1M, 200k upserts
+    python bench/search.py --small --json bench/results/search.json
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import platform
 import time
 from collections.abc import Callable
@@ -122,6 +124,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--dir", help="where the table goes (default bench/results/)")
+    ap.add_argument("--json", help="also write the results as JSON to this file")
     args = ap.parse_args()
     if args.small:
         args.base_rows, args.upserts, args.queries, args.partitions = 50_000, 20_000, 100, 64
@@ -179,6 +182,7 @@ def main() -> None:
     truth = {"durable": brute_force(ours, qs[:n]), "all": brute_force(ours_w, qs[:n])}
     print(f"\nvector search, k={K}, nprobes={args.nprobes}, {n} queries (engines taking turns):\n")
     print("| engine | p50 ms | p99 ms | recall@10 |\n|---|---|---|---|")
+    report: dict = {"vector_search": [], "fts": []}
     for (name, _, which), (times, results) in zip(
         vector_engines, run_turns([fn for _, fn, _ in vector_engines], n, warm), strict=True
     ):
@@ -186,6 +190,9 @@ def main() -> None:
             [len(set(r.column("id").to_pylist()) & truth[which][q]) / K for q, r in enumerate(results)]
         )
         print(f"| {name} | {pct(times, 50):.2f} | {pct(times, 99):.2f} | {recall:.3f} |")
+        report["vector_search"].append(
+            {"engine": name, "p50_ms": pct(times, 50), "p99_ms": pct(times, 99), "recall": float(recall)}
+        )
 
     fts_engines: list[tuple[str, Callable[[int], pa.Table]]] = [
         ("memwal_df plan", lambda i: plan_fts(ours, "text", texts[i], K).to_table()),
@@ -199,9 +206,16 @@ def main() -> None:
         fts_engines, run_turns([fn for _, fn in fts_engines], n, warm), strict=True
     ):
         print(f"| {name} | {pct(times, 50):.2f} | {pct(times, 99):.2f} |")
+        report["fts"].append({"engine": name, "p50_ms": pct(times, 50), "p99_ms": pct(times, 99)})
     print("\ncold: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in cold.items()))
     print("targets (DESIGN.md 7): vector p50 <= 10 ms with recall >= Lance LSM planner's; fts p50 <= 20 ms")
     w.close()
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "dir")}
+        report |= {"config": config | {"git": git_state(), "build": timings}, "cold_s": cold}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"results written to {args.json}")
 
 
 if __name__ == "__main__":
