@@ -1,0 +1,78 @@
+"""bench/report.py renders the benchmarks' own JSON: tiny real runs of bench/write.py, read.py and
+merge.py, then the report's figures checked against figures recomputed here from that JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {
+    "write": ["--base", "400", "--rows", "400", "--batch", "100", "--latency-puts", "3", "--lag-puts", "2"],
+    "read": ["--rows", "2000", "--upserts", "1000", "--batch", "100", "--lookups", "4", "--repeat", "1"],
+    "merge": ["--base", "2000", "--rows", "1000", "--regions", "2", "--gens", "2"]
+    + ["--job-regions", "2", "--job-gens", "4"],
+}
+
+
+def load_report():
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for name, args in TINY.items():
+        cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args, "--json", str(out / f"{name}.json")]
+        if name != "merge":
+            cmd += ["--dir", str(out)]
+        run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+    return out
+
+
+def test_report_figures_come_from_the_json(results):
+    assert load_report().main(["--no-run", "--no-charts", "--out", str(results)]) == 0
+    report = (results / "report.md").read_text()
+    write = json.loads((results / "write.json").read_text())
+    rates: dict[tuple[bool, int, str], list[float]] = {}
+    for r in write["throughput"]:
+        rates.setdefault((r["durable"], r["regions"], r["engine"]), []).append(r["rows"] / r["total_s"])
+    for durable in (True, False):
+        for regions in (4, 1):
+            ours = statistics.median(rates[(durable, regions, "memwal_df")])
+            lance = statistics.median(rates[(durable, regions, "lance")])
+            label = f"{'durable' if durable else 'non-durable'}, {regions} region{'s' if regions > 1 else ''}"
+            row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+            assert f"| {ours / 1e3:,.1f} k | {lance / 1e3:,.1f} k |" in row
+            assert f"| {ours / lance:.2f}x |" in row
+    read = json.loads((results / "read.json").read_text())
+    for r in read["results"]:
+        if "p50_ms" in r:
+            assert f"{r['p50_ms']:,.2f} / {r['p99_ms']:,.2f}" in report
+    merge = json.loads((results / "merge.json").read_text())
+    peer = next(m for m in merge["merge"] if m["engine"].startswith("Lance"))
+    for m in merge["merge"]:
+        speed = f"{peer['seconds'] / m['seconds']:.2f}x"
+        assert re.search(rf"\| {re.escape(m['engine'])} \| {m['rows']:,} \|.*\| {speed} \| yes \|", report)
+    assert "## Search" not in report  # no search.json: no section
+
+
+def test_report_charts(results):
+    pytest.importorskip("matplotlib")  # installed by `make bench` (the `bench` extra)
+    assert load_report().main(["--no-run", "--out", str(results)]) == 0
+    report = (results / "report.md").read_text()
+    for png in ("write.png", "read.png", "merge.png"):
+        assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"![{png}]({png})" in report
