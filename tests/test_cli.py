@@ -223,6 +223,9 @@ def test_maintain_and_recover(capsys, tmp_path):
         (["ingest", "{table}", "{dir}/data.txt"], Exit.USAGE, "cannot tell the format"),
         (["ingest", "{table}", "{dir}/bad.parquet"], Exit.USAGE, "SchemaMismatchError"),
         (["ingest", "{table}", "{dir}/data.txt", "--batch-size", "0"], Exit.USAGE, "--batch-size"),
+        (["ingest", "{table}", "{dir}/corrupt.parquet"], Exit.USAGE, "ArrowInvalid"),
+        (["ingest", "{table}", "{dir}/data.txt", "--format", "csv", "--region", "r1"], Exit.USAGE, "a UUID"),
+        (["ingest", "{nospec}", "{dir}/data.txt", "--format", "csv"], Exit.USAGE, "RegionRoutingError"),
         (["delete", "{table}"], Exit.USAGE, "give --keys or key FILEs"),
         (["delete", "{table}", "--keys", "1,x"], Exit.USAGE, "cannot read"),
         (["sql", "-t", "{table}", "SELEC 1"], Exit.SQL, "ParserError"),
@@ -241,9 +244,12 @@ def test_maintain_and_recover(capsys, tmp_path):
 def test_errors_map_to_exit_codes(capsys, tmp_path, argv, code, message):
     table = tmp_path / "t"
     mw.create_table(str(table), parse_schema("id:int64,v:float64"), "id", region_spec=mw.bucket("id", 2))
+    mw.create_table(str(tmp_path / "nospec"), parse_schema("id:int64,v:float64"), "id")
     (tmp_path / "data.txt").write_text("id\n1\n")
+    (tmp_path / "corrupt.parquet").write_bytes(b"not a parquet file")
     pq.write_table(pa.table({"id": [1], "other": ["x"]}), tmp_path / "bad.parquet")
     names = {"table": table, "missing": tmp_path / "missing", "new": tmp_path / "new", "dir": tmp_path}
+    names["nospec"] = tmp_path / "nospec"
     got, out, err = cli(capsys, *(a.format(**names) for a in argv))
     assert (got, out) == (code, "")
     assert err.startswith(f"memwal {argv[0]}: error: ") and message in err and len(err.splitlines()) == 1
@@ -353,3 +359,16 @@ def test_rebatch_keeps_rows_and_order(sizes, rows_per_batch):
     assert [v for b in out for v in b.column(0).to_pylist()] == list(range(sum(sizes)))
     assert all(b.num_rows == rows_per_batch for b in out[:-1])
     assert not out or 0 < out[-1].num_rows <= rows_per_batch
+
+
+def test_ingest_into_a_region_of_a_table_without_spec(capsys, tmp_path):
+    uri, region = str(tmp_path / "t"), "6b1f3a52-0d3e-4c1a-9a43-5f0e2b7c8d11"
+    cli(capsys, "create", uri, "--schema", "id:int64,v:string", "-k", "id")
+    data = tmp_path / "rows.csv"
+    data.write_text("id,v\n1,a\n2,b\n1,c\n")
+    got = cli_json(capsys, "ingest", uri, str(data), "--region", region)
+    assert got["regions"] == [region] and got["rows"] == 3
+    assert cli_json(capsys, "sql", "-t", uri, "SELECT * FROM t ORDER BY id") == [
+        {"id": 1, "v": "c"},
+        {"id": 2, "v": "b"},
+    ]

@@ -18,7 +18,8 @@ from memwal_df.cli._common import Exit, exit_code
 __all__ = ["Exit", "main", "parser"]
 
 
-def parser(prog: str = "memwal") -> argparse.ArgumentParser:
+def parser(prog: str = "memwal") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `memwal` parser and each command's own parser by name."""
     p = argparse.ArgumentParser(
         prog=prog,
         description="Streaming-upsert Lance tables (the Lance MemTable & WAL spec), queried with DataFusion.",
@@ -28,24 +29,18 @@ def parser(prog: str = "memwal") -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (create, ingest, query, status, jobs, bench):
         module.register(sub)
-    return p
-
-
-def _subcommand(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """The parser of command `name`."""
-    (action,) = (a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    return action.choices[name]
+    return p, sub.choices
 
 
 def main(argv: list[str] | None = None, prog: str = "memwal") -> int:
     """Run one command; returns its exit code (argparse's usage errors exit with 2 themselves)."""
-    p = parser(prog)
+    p, commands = parser(prog)
     argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = p.parse_known_args(argv)
     if extra:
         # argparse's first pass cannot take an option between two positionals (`delete URI -o K=V
         # FILE`, `explain URI -o K=V "id = 1"`): parse the command's own words again, intermixed.
-        sub = _subcommand(p, args.command)
+        sub = commands[args.command]
         position = argv.index(args.command)
         args = argparse.Namespace(**{**vars(args), **vars(sub.parse_intermixed_args(argv[position + 1 :]))})
     try:

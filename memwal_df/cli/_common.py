@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from memwal_df import errors
 from memwal_df.table import Table, open_table
 
@@ -51,6 +53,7 @@ _EXIT_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
     (errors.RegionRoutingError, Exit.USAGE),
     (errors.InvalidRegionSpecError, Exit.USAGE),
     (errors.InvalidConfigError, Exit.USAGE),
+    (pa.ArrowInvalid, Exit.USAGE),  # an input file that does not parse
     (errors.MemWalError, Exit.FAILED),
     (OSError, Exit.STORAGE),
 )

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-import pyarrow as pa
-
 from memwal_df.cli import _common as c
-from memwal_df.cli.inputs import FORMAT_NAMES, format_of, read_batches
+from memwal_df.cli.inputs import FORMAT_NAMES, format_of, read_all
 from memwal_df.cli.parse import parse_region_spec, parse_schema
 from memwal_df.errors import InvalidArgumentError
 from memwal_df.table import create_table
@@ -40,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_file:
         path = c.existing_file(args.from_file)
         fmt = format_of(path, args.format)
-        data = pa.Table.from_batches(list(read_batches(path, fmt, 65_536)))
+        data = read_all(path, fmt)
     else:
         data = parse_schema(args.schema)
     pk = [k.strip() for k in args.primary_key.split(",") if k.strip()]

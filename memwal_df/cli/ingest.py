@@ -13,6 +13,7 @@ import argparse
 import itertools
 import sys
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,11 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
 
 def _writer(table: Table, args: argparse.Namespace) -> Any:
     if args.region:
-        return table.region_writer(args.region, durable=args.durable)
+        try:
+            region = uuid.UUID(args.region)
+        except ValueError:
+            raise InvalidArgumentError(f"--region takes a region id (a UUID), got {args.region!r}") from None
+        return table.region_writer(region, durable=args.durable)
     return table.writer(durable=args.durable)
 
 

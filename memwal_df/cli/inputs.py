@@ -60,6 +60,14 @@ def read_batches(path: Path, fmt: str, batch_rows: int) -> Iterator[pa.RecordBat
     yield from rebatch(pds.dataset(path, format=fmt).to_batches(batch_size=batch_rows), batch_rows)
 
 
+def read_all(path: Path, fmt: str) -> pa.Table:
+    """The whole file as one table (its schema even when it has no rows)."""
+    if fmt == "arrows":
+        with pa.OSFile(str(path)) as f:
+            return pa.ipc.open_stream(f).read_all()
+    return pds.dataset(path, format=fmt).to_table()
+
+
 def rebatch(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
     """Batches of `rows` rows (the last may be shorter) from batches of any size."""
     pending: list[pa.RecordBatch] = []
