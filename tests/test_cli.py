@@ -24,7 +24,7 @@ from reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.cli import Exit, main
-from memwal_df.cli.inputs import rebatch
+from memwal_df.cli.inputs import Progress, rebatch
 from memwal_df.cli.parse import parse_region_spec, parse_schema
 from memwal_df.errors import InvalidArgumentError
 
@@ -372,3 +372,16 @@ def test_ingest_into_a_region_of_a_table_without_spec(capsys, tmp_path):
         {"id": 1, "v": "c"},
         {"id": 2, "v": "b"},
     ]
+
+
+def test_progress_bar():
+    out = io.StringIO()
+    bar = Progress("ingest", 200, enabled=True, out=out)
+    bar.update(50)  # drawn at most every 0.1 s: the first update may be skipped
+    bar.update(150)
+    bar.close()
+    last = out.getvalue().split("\r")[-1]
+    assert last.startswith("ingest: [" + "#" * 30 + "] 100% 200/200 rows, ") and last.endswith(" rows/s\n")
+    quiet = io.StringIO()
+    Progress("ingest", None, enabled=False, out=quiet).close()
+    assert quiet.getvalue() == ""
