@@ -227,6 +227,7 @@ def test_maintain_and_recover(capsys, tmp_path):
         (["ingest", "{table}", "{dir}/data.txt", "--format", "csv", "--region", "r1"], Exit.USAGE, "a UUID"),
         (["ingest", "{nospec}", "{dir}/data.txt", "--format", "csv"], Exit.USAGE, "RegionRoutingError"),
         (["delete", "{table}"], Exit.USAGE, "give --keys or key FILEs"),
+        (["delete", "{table}", "{dir}/other.csv"], Exit.USAGE, "lacks the primary key columns ['id']"),
         (["delete", "{table}", "--keys", "1,x"], Exit.USAGE, "cannot read"),
         (["sql", "-t", "{table}", "SELEC 1"], Exit.SQL, "ParserError"),
         (["sql", "-t", "{table}", "SELECT * FROM nope"], Exit.SQL, "not found"),
@@ -247,6 +248,7 @@ def test_errors_map_to_exit_codes(capsys, tmp_path, argv, code, message):
     mw.create_table(str(tmp_path / "nospec"), parse_schema("id:int64,v:float64"), "id")
     (tmp_path / "data.txt").write_text("id\n1\n")
     (tmp_path / "corrupt.parquet").write_bytes(b"not a parquet file")
+    (tmp_path / "other.csv").write_text("x\n1\n")
     pq.write_table(pa.table({"id": [1], "other": ["x"]}), tmp_path / "bad.parquet")
     names = {"table": table, "missing": tmp_path / "missing", "new": tmp_path / "new", "dir": tmp_path}
     names["nospec"] = tmp_path / "nospec"

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from memwal_df.cli import _common as c
 from memwal_df.cli.inputs import FORMAT_NAMES, Progress, format_of, read_batches, total_rows
-from memwal_df.errors import InvalidArgumentError
+from memwal_df.errors import InvalidArgumentError, SchemaMismatchError
 from memwal_df.table import Table
 
 
@@ -99,7 +99,7 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
     with writer:
         for batch in itertools.chain.from_iterable(sources):
             if args.delete:
-                writer.delete(batch.select(list(table.schema.primary_key)))
+                writer.delete(_keys_of(batch, table.schema.primary_key))
             else:
                 writer.put(batch)
             progress.update(batch.num_rows)
@@ -117,6 +117,14 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
     }
     c.emit(args, info, lambda: _text(info))
     return c.Exit.OK
+
+
+def _keys_of(batch: pa.RecordBatch, primary_key: tuple[str, ...]) -> pa.RecordBatch:
+    """The key columns of a batch from a key file (other columns are ignored)."""
+    missing = [k for k in primary_key if k not in batch.schema.names]
+    if missing:
+        raise SchemaMismatchError(f"the key file lacks the primary key columns {missing}")
+    return batch.select(list(primary_key))
 
 
 def _writer(table: Table, args: argparse.Namespace) -> Any:
