@@ -108,7 +108,7 @@ def test_every_command_on_a_table(capsys, tmp_path, table_uri, table_storage_opt
     assert sql_rows(capsys, uri, opts) == model == stored_rows(table)
 
     status = cli_json(capsys, "status", uri, *opts)
-    assert status["base_rows"] == 0 and len(status["regions"]) == 4
+    assert status["base_rows"] == 0 and len(status["regions"]) == 4 and status["region_snapshot_ms"] is None
     assert all(r["unmerged_generations"] for r in status["regions"])
     code, text, _ = cli(capsys, "status", uri, *opts)
     assert code == 0 and "4 regions" in text and "bucket[4](id)" in text
@@ -126,6 +126,7 @@ def test_every_command_on_a_table(capsys, tmp_path, table_uri, table_storage_opt
 
     built = cli_json(capsys, "build-index", uri, *opts)
     assert built["regions"] == 4
+    assert cli_json(capsys, "status", uri, *opts)["region_snapshot_ms"] == built["snapshot_ts_millis"]
     assert sql_rows(capsys, uri, opts, "--consistency", "snapshot") == model
 
     lance.dataset(uri, storage_options=table_storage_options).cleanup_old_versions(older_than=timedelta(0))

@@ -120,13 +120,19 @@ def render(result: pa.Table, max_rows: int) -> str:
 
 
 def print_result(args: argparse.Namespace, result: pa.Table) -> None:
-    c.emit(args, result.to_pylist(), lambda: render(result, args.max_rows))
+    """The rows as JSON with `--json` (all of them), else as a text table of `--max-rows` rows."""
+    if args.json:
+        c.emit(args, result.to_pylist(), str)
+    else:
+        print(render(result, args.max_rows))
 
 
 # ------------------------------------------------------------------------------------------ commands
 
 
 def run_sql(args: argparse.Namespace) -> int:
+    if args.max_rows < 0:
+        raise InvalidArgumentError("--max-rows must be >= 0")
     ctx = context(table_specs(args.table), c.storage_options(args), args.consistency)
     if args.query is not None:
         print_result(args, run_query(ctx, args.query))

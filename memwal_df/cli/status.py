@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 from typing import Any
 
 from memwal_df import memwal_index
@@ -36,6 +37,7 @@ def collect(table: Table) -> dict[str, Any]:
         **c.plain(st),
         "region_spec_text": c.spec_text(table),
         "indexes": sorted({m.name for m in memwal_index.read_index_section(table.storage)[1]}),
+        "region_snapshot_ms": table.details.snapshot_ts_millis or None,  # the last build-index
         "regions": regions,
     }
 
@@ -54,6 +56,7 @@ def text(info: dict[str, Any]) -> str:
         f"base         version {info['base_version']}, {info['base_rows']:,} rows",
         f"primary key  {', '.join(info['primary_key'])}",
         f"region spec  {info['region_spec_text']}",
+        f"snapshot     {_snapshot_text(info['region_snapshot_ms'])}",
         f"indexes      {', '.join(indexes) or 'none'} (maintained: "
         f"{maintained if maintained == 'all' else ', '.join(maintained) or 'none'})",
     ]
@@ -82,6 +85,13 @@ def text(info: dict[str, Any]) -> str:
     unmerged = sum(len(r["unmerged_generations"]) for r in regions)
     foot = f"{len(regions)} regions, {unmerged} flushed generations not merged yet"
     return "\n".join([*head, "", c.text_table(headers, rows), "", foot])
+
+
+def _snapshot_text(ms: int | None) -> str:
+    if ms is None:
+        return "none (build-index never ran)"
+    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return f"region snapshot of {when:%Y-%m-%d %H:%M:%S} UTC (build-index)"
 
 
 def _gens(gens: list[int]) -> str:
