@@ -366,7 +366,8 @@ def test_rebatch_keeps_rows_and_order(sizes, rows_per_batch):
 
 def test_ingest_into_a_region_of_a_table_without_spec(capsys, tmp_path):
     uri, region = str(tmp_path / "t"), "6b1f3a52-0d3e-4c1a-9a43-5f0e2b7c8d11"
-    cli(capsys, "create", uri, "--schema", "id:int64,v:string", "-k", "id")
+    cli(capsys, "create", uri, "--schema", "id:int64,v:string", "-k", "id", "--maintained-indexes", "")
+    assert cli_json(capsys, "status", uri)["maintained_indexes"] == []
     data = tmp_path / "rows.csv"
     data.write_text("id,v\n1,a\n2,b\n1,c\n")
     got = cli_json(capsys, "ingest", uri, str(data), "--region", region)

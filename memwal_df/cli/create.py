@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec", help='region spec, e.g. "bucket(id,4)" (default: none, regions by hand)')
     p.add_argument(
         "--maintained-indexes",
-        help="comma-separated base index names the index catch-up maintains (default: all indexes)",
+        help='base indexes the index catch-up maintains, comma separated: "" for none (default: all; '
+        "a new table has no indexes, so only none or all can be given here)",
     )
     c.add_json(p)
     p.set_defaults(run=run)
@@ -44,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     pk = [k.strip() for k in args.primary_key.split(",") if k.strip()]
     if not pk:
         raise InvalidArgumentError("--primary-key needs at least one column")
-    indexes = None if args.maintained_indexes is None else args.maintained_indexes.split(",")
+    indexes = None
+    if args.maintained_indexes is not None:
+        indexes = [i.strip() for i in args.maintained_indexes.split(",") if i.strip()]
     table = create_table(
         args.uri,
         data,
