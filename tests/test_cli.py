@@ -7,8 +7,12 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
+import re
+import select
 import subprocess
 import sys
+import time
 import tomllib
 from datetime import timedelta
 from pathlib import Path
@@ -389,3 +393,38 @@ def test_progress_bar():
     quiet = io.StringIO()
     Progress("ingest", None, enabled=False, out=quiet).close()
     assert quiet.getvalue() == ""
+
+
+def test_sql_shell_on_a_terminal(tmp_path):
+    """The interactive path (readline, prompts, continuation lines) in a pseudo-terminal."""
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, parse_schema("id:int64,v:float64"), "id")
+    leader, follower = os.openpty()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "TERM": "dumb",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memwal_df", "sql", "-t", uri],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+    )
+    os.close(follower)
+    os.write(leader, b"SELECT 41 + 1\n  AS answer;\n\\q\n")
+    out = b""
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if select.select([leader], [], [], 0.2)[0]:
+            try:
+                out += os.read(leader, 4096)
+            except OSError:
+                break
+    proc.wait(timeout=10)
+    os.close(leader)
+    text = out.decode(errors="replace").replace("\r", "")
+    assert proc.returncode == 0
+    assert "memwal SQL shell; tables: t." in text and "memwal> " in text and "   ...> " in text
+    assert re.search(r"^answer\n-+\n42\n\(1 row\)$", text, flags=re.M)
