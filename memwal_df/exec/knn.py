@@ -97,6 +97,19 @@ class LevelVectors:
         sqnorms = np.einsum("ij,ij->i", matrix, matrix)
         return cls(matrix, sqnorms, usable, rows.select(list(primary_key)).combine_chunks())
 
+    @classmethod
+    def of_level(cls, level: Level, column: str, primary_key: Sequence[str]) -> LevelVectors:
+        """`read`, or for a MemTable whose writer indexes `column`, the rows of its MemTable index."""
+        indexed = level.source.vectors(column) if level.source is not None else None
+        if indexed is None:
+            return cls.read(level, column, primary_key)
+        assert level.source is not None and level.table is not None
+        at = level.source.positions
+        keys = level.table.select(list(primary_key)).combine_chunks()
+        if at is None:  # every row of the MemTable is its key's newest: the index's arrays as they are
+            return cls(indexed.matrix, indexed.sqnorms, indexed.usable, keys)
+        return cls(indexed.matrix[at], indexed.sqnorms[at], indexed.usable[at], keys)
+
     def approximate(self, q: np.ndarray, metric: str) -> tuple[np.ndarray, float]:
         """(each row's distance to `q` from one matrix-vector product, a bound on its error): for
         `l2`, |x|^2 - 2 x.q + |q|^2 loses precision when x is near q; the other metrics are exact."""
@@ -154,7 +167,7 @@ class BruteForceKnnExec(RankedExec):
         if self._ranked is None:
             name = f"vectors:{self.column}:{','.join(self.primary_key)}"
             vectors = level_cached(
-                self.level, name, lambda: LevelVectors.read(self.level, self.column, self.primary_key)
+                self.level, name, lambda: LevelVectors.of_level(self.level, self.column, self.primary_key)
             )
             mask = (
                 vectors.usable

@@ -1,0 +1,299 @@
+"""Maintained indexes: resolution against the base, the writer's MemTable indexes (against indexes
+built from the rows), generation `_indices/` that Lance opens (same centroids and codebook as the
+base; Lance's LsmVectorSearchPlanner searches them), and searches over indexed levels checked against
+brute force / reference BM25 (tests/search_oracle.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lance.mem_wal import LsmVectorSearchPlanner
+from search_oracle import DIM, HISTORY_OPS, SCHEMA, SearchLsm, bm25, history, make_rows, nearest
+from test_interop import snapshots
+
+import memwal_df as mw
+from memwal_df.exec.global_bm25 import PairTerms, TermIndex
+from memwal_df.maintained import _global_buffer, _ivf_centroids, _tensor, maintained_indexes
+from memwal_df.memtable import MemTable
+from memwal_df.memwal_index import read_index_section
+from memwal_df.search import plan_fts, plan_vector_search
+from memwal_df.snapshot import take_snapshot
+from memwal_df.storage import open_storage
+from memwal_df.tokenizer import Tokenizer
+from memwal_df.wal import TOMBSTONE
+
+RNG = np.random.default_rng(11)
+QUERIES = [RNG.standard_normal(DIM).astype(np.float32).tolist() for _ in range(4)]
+FTS_QUERIES = ["apple", "kiwi fig", "pear quince sloe", "nothing"]
+BASE_ROWS = 600
+
+
+def indexed_lsm(path: Path, indexed_write: bool = True, base_rows: int = BASE_ROWS) -> SearchLsm:
+    """A SearchLsm whose base has IVF_PQ, inverted and btree indexes before the writer opens."""
+    uri = str(path / "t")
+    mw.create_table(
+        uri, make_rows(list(range(base_rows)), 0), primary_key="id", region_spec=mw.bucket("id", 2)
+    )
+    ds = lance.dataset(uri)
+    ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
+    ds.create_scalar_index("text", "INVERTED", stem=False, remove_stop_words=False)
+    ds.create_scalar_index("category", "BTREE")
+    return SearchLsm(uri, [], indexed_write=indexed_write, create=False)
+
+
+def base_index_tensors(storage: Any, version: int | None, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(IVF centroids, PQ codebook) as stored in the files of index `name`."""
+    import uuid
+
+    _, entries = read_index_section(storage, version)
+    (entry,) = [e for e in entries if e.name == name]
+    root = f"_indices/{uuid.UUID(bytes=entry.uuid.uuid)}"
+    return (
+        _ivf_centroids(_global_buffer(storage, f"{root}/index.idx", 1)),
+        _tensor(_global_buffer(storage, f"{root}/auxiliary.idx", 2)),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Resolution
+
+
+def test_maintained_indexes_resolve_every_base_index(tmp_path: Path) -> None:
+    lsm = indexed_lsm(tmp_path)
+    t = lsm.table
+    got = {i.name: i for i in t.maintained_indexes()}
+    assert sorted(got) == ["category_idx", "text_idx", "vec_idx"]
+    vec = got["vec_idx"]
+    assert (vec.kind, vec.index_type, vec.metric) == ("vector", "IVF_PQ", "l2")
+    centroids, codebook = base_index_tensors(t.storage, None, "vec_idx")
+    assert vec.centroids is not None and vec.codebook is not None
+    np.testing.assert_array_equal(vec.centroids, centroids)
+    assert vec.centroids.shape[1] == DIM and vec.codebook.shape == (2, 256, DIM // 2)
+    np.testing.assert_array_equal(vec.codebook.reshape(codebook.shape), codebook)
+    assert got["text_idx"].params["stem"] is False and got["text_idx"].kind == "inverted"
+    assert (got["category_idx"].kind, got["category_idx"].index_type) == ("scalar", "BTREE")
+    # A named subset (maintain_all_indexes = false) keeps only those.
+    details = t.details
+    details.maintain_all_indexes = False
+    details.maintained_indexes[:] = ["text_idx"]
+    assert [i.name for i in maintained_indexes(details, t.dataset, t.storage)] == ["text_idx"]
+    lsm.close()
+
+
+def test_unsupported_vector_index_is_not_maintained(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, make_rows(list(range(300)), 0), primary_key="id", region_spec=mw.bucket("id", 2))
+    lance.dataset(uri).create_index("vec", "IVF_HNSW_SQ", num_partitions=2)
+    assert mw.Table(uri).maintained_indexes() == ()
+
+
+# ------------------------------------------------------------------------------------------------
+# MemTable indexes against indexes built from the same rows
+
+
+BATCHES = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 30), min_size=1, max_size=12),
+        st.integers(0, 99),
+        st.booleans(),  # a delete batch (tombstones: NULL vector and text)
+        st.booleans(),  # NULL texts and vectors in some rows
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _batch(ids: list[int], seed: int, delete: bool, nulls: bool) -> pa.RecordBatch:
+    rows = make_rows(ids, seed)
+    if delete:
+        rows = pa.table(
+            {
+                n: rows.column(n) if n == "id" else pa.nulls(len(ids), rows.schema.field(n).type)
+                for n in SCHEMA.names
+            }
+        )
+    elif nulls:
+        mask = pa.array([i % 3 == 0 for i in range(len(ids))])
+        rows = rows.set_column(
+            2, "text", pa.compute.if_else(mask, pa.scalar(None, pa.string()), rows["text"])
+        )
+        rows = rows.set_column(
+            3, "vec", pa.compute.if_else(mask, pa.scalar(None, rows.schema.field("vec").type), rows["vec"])
+        )
+    tomb = pa.array([delete] * len(ids))
+    return pa.Table.from_arrays(
+        [*rows.cast(SCHEMA).columns, tomb], schema=SCHEMA.append(pa.field(TOMBSTONE, pa.bool_(), False))
+    ).to_batches()[0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=BATCHES, lazily=st.booleans())
+def test_memtable_indexes_equal_indexes_of_the_newest_rows(
+    tmp_path: Path, batches: list[Any], lazily: bool
+) -> None:
+    """For every term and vector, the MemTable index restricted to the newest rows equals the indexes
+    built from `newest()` (the per-query build without a MemTable index), indexed per write or lazily
+    at snapshot time."""
+    lsm = indexed_lsm(tmp_path / str(len(list(tmp_path.iterdir()))))
+    indexes = lsm.table.maintained_indexes()
+    lsm.close()
+    wal = SCHEMA.append(pa.field(TOMBSTONE, pa.bool_(), False))
+    mt = MemTable(1, wal, ["id"], indexes)
+    for ids, seed, delete, nulls in batches:
+        mt.append(_batch(sorted(set(ids)), seed, delete, nulls))
+        if not lazily:
+            mt.indexes.catch_up(mt.batches, len(mt.batches))
+            assert mt.indexes.indexed_rows == mt.num_rows
+    snap = mt.snapshot()
+    newest = snap.table
+    assert newest.equals(mt.newest())
+    tokenizer = Tokenizer.from_index_details(next(i for i in indexes if i.kind == "inverted").params)
+    want = TermIndex.build(newest, "text", ["id"], tokenizer)
+    terms = snap.terms("text")
+    assert terms is not None
+    got = PairTerms.of_memtable(terms, snap.positions, newest.column("id").combine_chunks())
+    np.testing.assert_array_equal(got.doc_len, want.doc_len)
+    np.testing.assert_array_equal(got.in_corpus, want.in_corpus)
+    for term in [*want.vocab, "absent"]:
+        (d1, f1), (d2, f2) = got.postings(term), want.postings(term)
+        order = np.argsort(d1)
+        np.testing.assert_array_equal(d1[order], d2)
+        np.testing.assert_array_equal(f1[order], f2)
+    vectors = snap.vectors("vec")
+    assert vectors is not None
+    at = np.arange(mt.num_rows) if snap.positions is None else snap.positions
+    exact = newest.column("vec").combine_chunks()
+    usable = ~newest.column(TOMBSTONE).to_numpy(zero_copy_only=False) & exact.is_valid().to_numpy(
+        zero_copy_only=False
+    )
+    np.testing.assert_array_equal(vectors.usable[at], usable)
+    for i in np.flatnonzero(usable):
+        np.testing.assert_array_equal(vectors.matrix[at[i]], np.asarray(exact[int(i)].as_py(), np.float32))
+
+
+def test_indexed_write_indexes_before_put_returns(tmp_path: Path) -> None:
+    lsm = indexed_lsm(tmp_path)
+    lsm.put(list(range(1000, 1050)), seed=1)
+    lsm.put(list(range(1040, 1060)), seed=2)
+    for rw in lsm.writer.writers.values():
+        for mt in rw.memtables:
+            assert mt.indexes and mt.indexes.indexed_rows == mt.num_rows > 0
+    lsm.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Generations
+
+
+def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path) -> None:
+    lsm = indexed_lsm(tmp_path)
+    lsm.put(list(range(1000, 1300)), seed=1)
+    lsm.delete([1005, 3])
+    lsm.flush()
+    t = lsm.table
+    base_centroids, base_codebook = base_index_tensors(t.storage, None, "vec_idx")
+    snapshot = take_snapshot(t)
+    levels = snapshot.levels
+    assert levels and all(lv.kind == "generation" for lv in levels)
+    for level in levels:
+        ds = level.dataset()
+        assert ds is not None
+        assert sorted(i.name for i in ds.describe_indices()) == ["category_idx", "text_idx", "vec_idx"]
+        centroids, codebook = base_index_tensors(open_storage(level.uri), None, "vec_idx")
+        np.testing.assert_array_equal(centroids, base_centroids)
+        np.testing.assert_array_equal(codebook, base_codebook)
+        # Lance's own searches use them: exact-enough nearest (refined), and full-text.
+        rows = ds.to_table(filter=f"NOT {TOMBSTONE}")
+        q = np.asarray(rows["vec"][0].as_py(), np.float32)
+        hit = ds.to_table(nearest={"column": "vec", "q": q, "k": 1, "nprobes": 4, "refine_factor": 1})
+        assert hit["id"][0].as_py() == rows["id"][0].as_py()
+        word = rows["text"][0].as_py().split()[0]
+        assert ds.to_table(full_text_query=word).num_rows >= 1
+    lsm.close()
+
+
+def test_lance_lsm_planner_finds_rows_in_our_generations(tmp_path: Path) -> None:
+    lsm = indexed_lsm(tmp_path)
+    lsm.put(list(range(1000, 1200)), seed=3)
+    lsm.flush()
+    truth = lsm.rows()
+    planner = LsmVectorSearchPlanner(lance.dataset(lsm.uri), snapshots(lsm.table), "vec")
+    for key in (1000, 1077, 1199):  # rows only the generations hold
+        got = planner.plan_search(pa.array(truth[key]["vec"], pa.float32()), k=1, nprobes=4).to_table()
+        assert got["id"].to_pylist() == [key]
+    lsm.close()
+
+
+def test_generation_without_live_vectors_has_no_vector_index(tmp_path: Path) -> None:
+    lsm = indexed_lsm(tmp_path)
+    lsm.delete([1, 2, 3])  # tombstones only: NULL vectors
+    lsm.flush()
+    (level, *_) = take_snapshot(lsm.table).levels
+    ds = level.dataset()
+    assert ds is not None
+    assert sorted(i.name for i in ds.describe_indices()) == ["category_idx", "text_idx"]
+    truth = lsm.rows()
+    got = plan_vector_search(lsm.reader(), "vec", QUERIES[0], 5, {"nprobes": 4}).to_table()
+    assert all(truth[k] is not None for k in got["id"].to_pylist())
+    lsm.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Searches over indexed levels
+
+
+def _check_searches(lsm: SearchLsm, min_recall: float) -> None:
+    truth = lsm.rows()
+    recalls = []
+    for q in QUERIES:
+        got = plan_vector_search(lsm.reader(), "vec", q, 10, {"nprobes": 4}).to_table()
+        for row in got.drop_columns(["_distance"]).to_pylist():
+            assert row == truth[row["id"]], f"stale or deleted row returned: {row}"
+        exact = dict(nearest(truth, q, len(truth)))
+        np.testing.assert_allclose(
+            got["_distance"].to_numpy(), [exact[i] for i in got["id"].to_pylist()], rtol=1e-4
+        )
+        recalls.append(len(set(got["id"].to_pylist()) & {k for k, _ in nearest(truth, q, 10)}) / 10)
+    assert np.mean(recalls) >= min_recall, recalls
+    for query in FTS_QUERIES:
+        got = plan_fts(lsm.reader(), "text", query, 10).to_table()
+        want = bm25(truth, query)
+        best = sorted(want.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+        assert len(got) == len(best)
+        np.testing.assert_allclose(got["_score"].to_numpy(), [s for _, s in best], atol=1e-6)
+        for row in got.drop_columns(["_score"]).to_pylist():
+            assert row == truth[row["id"]]
+            assert abs(want[row["id"]] - got["_score"][got["id"].to_pylist().index(row["id"])].as_py()) < 1e-6
+
+
+@pytest.mark.parametrize("indexed_write", [True, False])
+def test_search_over_indexed_levels(tmp_path: Path, indexed_write: bool) -> None:
+    lsm = indexed_lsm(tmp_path, indexed_write)
+    history(lsm)
+    lsm.put(list(range(BASE_ROWS, BASE_ROWS + 200)), seed=9)
+    _check_searches(lsm, min_recall=0.8)
+    plan = plan_fts(lsm.reader(), "text", "kiwi", 10)
+    plan.to_table()
+    memtable_arms = [a for a in plan.bm25_arms if a.label.startswith("memtable")]
+    assert memtable_arms and all(isinstance(a.index, PairTerms) for a in memtable_arms)
+    lsm.close()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=HISTORY_OPS, indexed_write=st.booleans())
+def test_hypothesis_histories_over_indexed_levels(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[Any], indexed_write: bool
+) -> None:
+    lsm = indexed_lsm(tmp_path_factory.mktemp("h"), indexed_write)
+    try:
+        lsm.replay(ops)
+        _check_searches(lsm, min_recall=0.0)  # freshness and BM25 exactness; recall checked above
+    finally:
+        lsm.close()
