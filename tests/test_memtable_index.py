@@ -249,11 +249,16 @@ def test_generation_without_live_vectors_has_no_vector_index(tmp_path: Path) -> 
 # Searches over indexed levels
 
 
-def _check_searches(lsm: SearchLsm, min_recall: float) -> None:
+def _check_searches(lsm: SearchLsm, min_recall: float, indexed_generation_rows: int = 0) -> None:
+    """Vector search (generations through their own index when they have `indexed_generation_rows`
+    rows) and fts: no stale row, exact distances and BM25 scores, recall@10 against brute force."""
     truth = lsm.rows()
     recalls = []
     for q in QUERIES:
-        got = plan_vector_search(lsm.reader(), "vec", q, 10, {"nprobes": 4}).to_table()
+        plan = plan_vector_search(
+            lsm.reader(), "vec", q, 10, {"nprobes": 4}, indexed_generation_rows=indexed_generation_rows
+        )
+        got = plan.to_table()
         for row in got.drop_columns(["_distance"]).to_pylist():
             assert row == truth[row["id"]], f"stale or deleted row returned: {row}"
         exact = dict(nearest(truth, q, len(truth)))
@@ -278,7 +283,12 @@ def test_search_over_indexed_levels(tmp_path: Path, indexed_write: bool) -> None
     lsm = indexed_lsm(tmp_path, indexed_write)
     history(lsm)
     lsm.put(list(range(BASE_ROWS, BASE_ROWS + 200)), seed=9)
-    _check_searches(lsm, min_recall=0.8)
+    _check_searches(lsm, min_recall=0.8)  # every generation through its own index
+    _check_searches(lsm, min_recall=0.8, indexed_generation_rows=10**9)  # by brute force
+    explain = "\n".join(
+        plan_vector_search(lsm.reader(), "vec", QUERIES[0], 10, indexed_generation_rows=0).explain()
+    )
+    assert "LanceKnnExec: generation" in explain and "BruteForceKnnExec: memtable" in explain
     plan = plan_fts(lsm.reader(), "text", "kiwi", 10)
     plan.to_table()
     memtable_arms = [a for a in plan.bm25_arms if a.label.startswith("memtable")]
@@ -294,6 +304,6 @@ def test_hypothesis_histories_over_indexed_levels(
     lsm = indexed_lsm(tmp_path_factory.mktemp("h"), indexed_write)
     try:
         lsm.replay(ops)
-        _check_searches(lsm, min_recall=0.0)  # freshness and BM25 exactness; recall checked above
+        _check_searches(lsm, min_recall=0.0)  # freshness, exact distances and scores; recall above
     finally:
         lsm.close()

@@ -6,8 +6,9 @@ Distances are Lance's: `l2` is the squared Euclidean distance, `cosine` is 1 - c
 * `BruteForceKnnExec` (a generation or an unflushed MemTable): exact distances to every row that
   matches the filter, computed with numpy over the level's vectors (a generation's are read once per
   process). `top(n)` is exactly the level's `n` nearest matching rows.
-* `LanceKnnExec` (the base table): Lance's `nearest` with `nprobes` / `refine_factor`, the filter's
-  Lance part as a prefilter (applied exactly before the search) and the rest applied to the results
+* `LanceKnnExec` (the base table, or a large generation through its maintained index): Lance's
+  `nearest` with `nprobes` / `refine_factor`, the filter's Lance part as a prefilter (applied exactly
+  before the search; for a generation with `NOT _tombstone`) and the rest applied to the results
   (fetching more until `n` rows match). With an index, `top(n)` is Lance's approximate answer;
   fragments the index does not cover yet are searched exactly by Lance itself.
 """
@@ -215,8 +216,11 @@ class LanceKnnExec(RankedExec):
         schema: pa.Schema,
         nprobes: int | None = None,
         refine_factor: int | None = None,
+        label: str | None = None,
     ) -> None:
+        """`label` names a generation (`base` is then its dataset, whose tombstones are skipped)."""
         self.base = base
+        self.label = label
         self.score = DISTANCE
         self.column = column
         self.query = query
@@ -232,12 +236,18 @@ class LanceKnnExec(RankedExec):
     def describe(self) -> str:
         f = "" if self.filter is None else f", prefilter={self.filter}"
         return (
-            f"LanceKnnExec: base v{self.base.version}, column={self.column}, metric={self.metric}, "
+            f"LanceKnnExec: {self.label or 'base'} v{self.base.version}, column={self.column}, "
+            f"metric={self.metric}, "
             f"nprobes={self.nprobes}, refine_factor={self.refine_factor}{f}"
         )
 
     def top(self, n: int) -> pa.Table:
-        sql, residual = split_for_lance(self.filter, self.table_schema)
+        if self.label is None:
+            sql, residual = split_for_lance(self.filter, self.table_schema)
+        else:
+            live = ~pc.field(TOMBSTONE)
+            flt = live if self.filter is None else self.filter & live
+            sql, residual = split_for_lance(flt, self.table_schema.append(pa.field(TOMBSTONE, pa.bool_())))
         columns = [*self.table_schema.names, DISTANCE]
 
         def fetch(m: int) -> pa.Table:
