@@ -54,6 +54,12 @@ _INVERTED_PARAMS = (
     "stem",
     "remove_stop_words",
     "ascii_folding",
+    "split_identifiers",
+    "split_on_numerics",
+    "preserve_original",
+    "min_ngram_length",
+    "max_ngram_length",
+    "prefix_only",
 )
 
 

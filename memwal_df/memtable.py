@@ -126,7 +126,7 @@ class MemTable:
         return self.to_table().take(pa.array(sorted(set(hits)), pa.int64()))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MemTableSnapshot:
     """A MemTable's newest rows at one moment (`table`, row i = MemTable row `positions[i]`, or row i
     when `positions` is None) and its indexes over the `rows` rows of its first `batches` batches."""

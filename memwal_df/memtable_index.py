@@ -57,7 +57,7 @@ def _tombstones(batch: pa.RecordBatch) -> np.ndarray:
     return batch.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class VectorRows:
     """The vectors of a MemTable's first `len(matrix)` rows (see the module docstring)."""
 
@@ -87,7 +87,7 @@ class _VectorIndex:
         return VectorRows(self.matrix.view(n), self.sqnorms.view(n), self.usable.view(n))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TermRows:
     """The postings of a MemTable's first `len(doc_len)` rows, as (row, term, tf) pairs in row order."""
 

@@ -109,7 +109,8 @@ class Level:
     storage: Storage
     path: str | None = None  # generation directory relative to the table root
     table: pa.Table | None = None  # MemTable rows (newest per key, tombstones included)
-    source: MemTableSnapshot | None = None  # the MemTable copy `table` is, with its indexes
+    # The MemTable `table` was copied from, with its indexes (MemTable levels of a writer).
+    source: MemTableSnapshot | None = field(default=None, repr=False, compare=False)
     _dataset: lance.LanceDataset | None = field(default=None, repr=False)
     _bloom: BloomFilter | None = field(default=None, repr=False)
     _keys: pa.Array | None = field(default=None, repr=False)

@@ -199,13 +199,20 @@ def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path) -> None:
     lsm.flush()
     t = lsm.table
     base_centroids, base_codebook = base_index_tensors(t.storage, None, "vec_idx")
+    base_indexes = {
+        i.name: i for i in lance.dataset(lsm.uri).describe_indices() if i.name != "__lance_mem_wal"
+    }
     snapshot = take_snapshot(t)
     levels = snapshot.levels
     assert levels and all(lv.kind == "generation" for lv in levels)
     for level in levels:
         ds = level.dataset()
         assert ds is not None
-        assert sorted(i.name for i in ds.describe_indices()) == ["category_idx", "text_idx", "vec_idx"]
+        described = {i.name: i for i in ds.describe_indices()}
+        assert sorted(described) == ["category_idx", "text_idx", "vec_idx"]
+        for name, base_index in base_indexes.items():  # same type, metric, tokenizer settings
+            assert described[name].index_type == base_index.index_type
+            assert described[name].details == base_index.details
         centroids, codebook = base_index_tensors(open_storage(level.uri), None, "vec_idx")
         np.testing.assert_array_equal(centroids, base_centroids)
         np.testing.assert_array_equal(codebook, base_codebook)
