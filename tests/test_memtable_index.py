@@ -11,6 +11,7 @@ from typing import Any
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from test_interop import snapshots
 
 import memwal_df as mw
 from memwal_df.exec.global_bm25 import PairTerms, TermIndex
-from memwal_df.maintained import _global_buffer, _ivf_centroids, _tensor, maintained_indexes
+from memwal_df.maintained import MaintainedIndex, _global_buffer, _ivf_centroids, _tensor, maintained_indexes
 from memwal_df.memtable import MemTable
 from memwal_df.memwal_index import read_index_section
 from memwal_df.search import plan_fts, plan_vector_search
@@ -35,14 +36,14 @@ FTS_QUERIES = ["apple", "kiwi fig", "pear quince sloe", "nothing"]
 BASE_ROWS = 600
 
 
-def indexed_lsm(path: Path, indexed_write: bool = True, base_rows: int = BASE_ROWS) -> SearchLsm:
-    """A SearchLsm whose base has IVF_PQ, inverted and btree indexes before the writer opens."""
+def indexed_lsm(path: Path, indexed_write: bool = True, metric: str = "l2") -> SearchLsm:
+    """A SearchLsm whose base has IVF_PQ (`metric`), inverted and btree indexes before the writer
+    opens."""
     uri = str(path / "t")
-    mw.create_table(
-        uri, make_rows(list(range(base_rows)), 0), primary_key="id", region_spec=mw.bucket("id", 2)
-    )
+    rows = make_rows(list(range(BASE_ROWS)), 0)
+    mw.create_table(uri, rows, primary_key="id", region_spec=mw.bucket("id", 2))
     ds = lance.dataset(uri)
-    ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
+    ds.create_index("vec", "IVF_PQ", metric=metric, num_partitions=4, num_sub_vectors=2)
     ds.create_scalar_index("text", "INVERTED", stem=False, remove_stop_words=False)
     ds.create_scalar_index("category", "BTREE")
     return SearchLsm(uri, [], indexed_write=indexed_write, create=False)
@@ -110,42 +111,42 @@ BATCHES = st.lists(
 )
 
 
+WAL_SCHEMA = SCHEMA.append(pa.field(TOMBSTONE, pa.bool_(), False))
+
+
 def _batch(ids: list[int], seed: int, delete: bool, nulls: bool) -> pa.RecordBatch:
+    """A MemTable batch: upserts (every third text and vector NULL with `nulls`) or tombstones."""
     rows = make_rows(ids, seed)
+    n = len(ids)
     if delete:
-        rows = pa.table(
-            {
-                n: rows.column(n) if n == "id" else pa.nulls(len(ids), rows.schema.field(n).type)
-                for n in SCHEMA.names
-            }
-        )
-    elif nulls:
-        mask = pa.array([i % 3 == 0 for i in range(len(ids))])
-        rows = rows.set_column(
-            2, "text", pa.compute.if_else(mask, pa.scalar(None, pa.string()), rows["text"])
-        )
-        rows = rows.set_column(
-            3, "vec", pa.compute.if_else(mask, pa.scalar(None, rows.schema.field("vec").type), rows["vec"])
-        )
-    tomb = pa.array([delete] * len(ids))
-    return pa.Table.from_arrays(
-        [*rows.cast(SCHEMA).columns, tomb], schema=SCHEMA.append(pa.field(TOMBSTONE, pa.bool_(), False))
-    ).to_batches()[0]
+        columns = [rows["id"], *(pa.nulls(n, f.type) for f in list(SCHEMA)[1:])]
+    else:
+        blank = pa.array([nulls and i % 3 == 0 for i in range(n)])
+        columns = [
+            pc.if_else(blank, pa.scalar(None, c.type), c) if name in ("text", "vec") else c
+            for name, c in zip(rows.column_names, rows.columns, strict=True)
+        ]
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    return pa.RecordBatch.from_arrays([*arrays, pa.array([delete] * n)], schema=WAL_SCHEMA)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.fixture(scope="module")
+def maintained(tmp_path_factory: pytest.TempPathFactory) -> tuple[MaintainedIndex, ...]:
+    lsm = indexed_lsm(tmp_path_factory.mktemp("maintained"))
+    lsm.close()
+    return lsm.table.maintained_indexes()
+
+
+@settings(max_examples=40, deadline=None)
 @given(batches=BATCHES, lazily=st.booleans())
 def test_memtable_indexes_equal_indexes_of_the_newest_rows(
-    tmp_path: Path, batches: list[Any], lazily: bool
+    maintained: tuple[MaintainedIndex, ...], batches: list[Any], lazily: bool
 ) -> None:
     """For every term and vector, the MemTable index restricted to the newest rows equals the indexes
     built from `newest()` (the per-query build without a MemTable index), indexed per write or lazily
     at snapshot time."""
-    lsm = indexed_lsm(tmp_path / str(len(list(tmp_path.iterdir()))))
-    indexes = lsm.table.maintained_indexes()
-    lsm.close()
-    wal = SCHEMA.append(pa.field(TOMBSTONE, pa.bool_(), False))
-    mt = MemTable(1, wal, ["id"], indexes)
+    indexes = maintained
+    mt = MemTable(1, WAL_SCHEMA, ["id"], indexes)
     for ids, seed, delete, nulls in batches:
         mt.append(_batch(sorted(set(ids)), seed, delete, nulls))
         if not lazily:
@@ -192,8 +193,9 @@ def test_indexed_write_indexes_before_put_returns(tmp_path: Path) -> None:
 # Generations
 
 
-def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path) -> None:
-    lsm = indexed_lsm(tmp_path)
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path, metric: str) -> None:
+    lsm = indexed_lsm(tmp_path, metric=metric)
     lsm.put(list(range(1000, 1300)), seed=1)
     lsm.delete([1005, 3])
     lsm.flush()
@@ -219,10 +221,19 @@ def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path) -> None:
         # Lance's own searches use them: exact-enough nearest (refined), and full-text.
         rows = ds.to_table(filter=f"NOT {TOMBSTONE}")
         q = np.asarray(rows["vec"][0].as_py(), np.float32)
-        hit = ds.to_table(nearest={"column": "vec", "q": q, "k": 1, "nprobes": 4, "refine_factor": 1})
+        nearest_row = {"column": "vec", "q": q, "k": 1, "nprobes": 4, "refine_factor": 1, "metric": metric}
+        hit = ds.to_table(nearest=nearest_row)
         assert hit["id"][0].as_py() == rows["id"][0].as_py()
         word = rows["text"][0].as_py().split()[0]
         assert ds.to_table(full_text_query=word).num_rows >= 1
+    truth = lsm.rows()
+    for q in QUERIES:  # every generation through its own index, exact distances (refined)
+        plan = plan_vector_search(lsm.reader(), "vec", q, 10, {"nprobes": 4}, indexed_generation_rows=0)
+        got = plan.to_table()
+        exact = dict(nearest(truth, q, len(truth), metric))
+        np.testing.assert_allclose(
+            got["_distance"].to_numpy(), [exact[i] for i in got["id"].to_pylist()], rtol=1e-4, atol=1e-5
+        )
     lsm.close()
 
 
