@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.mem_wal import LsmVectorSearchPlanner
+from reference import stored_rows
 from search_oracle import DIM, HISTORY_OPS, SCHEMA, SearchLsm, bm25, history, make_rows, nearest
 from test_interop import snapshots
 
@@ -325,3 +326,42 @@ def test_hypothesis_histories_over_indexed_levels(
         _check_searches(lsm, min_recall=0.0)  # freshness, exact distances and scores; recall above
     finally:
         lsm.close()
+
+
+def test_maintained_indexes_on_both_backends(table_uri: str, table_storage_options: Any) -> None:
+    """Resolution reads the base index files and the flush builds the generation indexes through the
+    table's storage (local and S3); searches over them stay exact and fresh."""
+    rows = make_rows(list(range(BASE_ROWS)), 0)
+    t = mw.create_table(
+        table_uri,
+        rows,
+        primary_key="id",
+        region_spec=mw.bucket("id", 2),
+        storage_options=table_storage_options,
+    )
+    ds = lance.dataset(table_uri, storage_options=table_storage_options)
+    ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
+    ds.create_scalar_index("text", "INVERTED", stem=False, remove_stop_words=False)
+    base_centroids, _ = base_index_tensors(t.storage, None, "vec_idx")
+    with t.writer() as w:
+        w.put(make_rows(list(range(300, 700)), 5))
+        w.flush()
+        w.put(make_rows(list(range(650, 720)), 6))
+        reader = mw.MemWalTable(table_uri, storage_options=table_storage_options, writer=w)
+        for level in take_snapshot(t).levels:
+            ds = level.dataset()
+            assert ds is not None and sorted(i.name for i in ds.describe_indices()) == ["text_idx", "vec_idx"]
+            centroids, _ = base_index_tensors(open_storage(level.uri, table_storage_options), None, "vec_idx")
+            np.testing.assert_array_equal(centroids, base_centroids)
+        truth = stored_rows(t, [mt for rw in w.writers.values() for mt in rw.memtables])
+        for q in QUERIES:
+            plan = plan_vector_search(reader, "vec", q, 10, {"nprobes": 4}, indexed_generation_rows=0)
+            got = plan.to_table()
+            assert [truth[i] for i in got["id"].to_pylist()] == got.drop_columns(["_distance"]).to_pylist()
+            exact = dict(nearest(truth, q, len(truth)))
+            np.testing.assert_allclose(
+                got["_distance"].to_numpy(), [exact[i] for i in got["id"].to_pylist()], rtol=1e-4
+            )
+        got = plan_fts(reader, "text", "kiwi", 10).to_table()
+        want = sorted(bm25(truth, "kiwi").values(), reverse=True)[:10]
+        np.testing.assert_allclose(got["_score"].to_numpy(), want, atol=1e-6)
