@@ -14,7 +14,9 @@ and of df (its live documents only) and hands the totals to every `Bm25Exec` bef
 Each level keeps an in-memory term index (postings: documents and term frequencies per term, document
 lengths, keys), built with pyarrow/numpy from one read of its key and text columns: once per process
 for a generation, once per pinned version for the base table (Lance 14 does not expose its inverted
-index's postings or statistics through Python), once per query for a MemTable. A level's live
+index's postings or statistics through Python). A MemTable's comes from its writer's MemTable index
+(`PairTerms`: no text read or tokenized per query) when it was built with the same tokenizer, else it
+is built per query. A level's live
 documents are those whose key no newer level holds (exact key sets): each newer level's keys are
 located among the level's sorted keys, and the answer for a pair of immutable levels (generation or
 base version, newer generation) is kept per process.
