@@ -150,6 +150,15 @@ def search_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         ["engine", "p50 ms", "p99 ms"],
         [[r["engine"], f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}"] for r in data["fts"]],
     )
+    if data.get("indexed_write"):
+        lines += ["", "### Indexed-write throughput (all base indexes maintained, durable)", ""]
+        lines += _md_table(
+            ["engine", "rows/s (puts)", "rows/s (puts + close)"],
+            [
+                [r["engine"], f"{r['put_rows_per_s']:,.0f}", f"{r['total_rows_per_s']:,.0f}"]
+                for r in data["indexed_write"]
+            ],
+        )
     if data.get("cold_s"):
         lines += [
             "",

@@ -27,8 +27,8 @@ each key, and deletions are the only way they can hold fewer; 5 rules that out. 
 exact: gap generations are older than every unmerged level and newer than what `C` holds.
 
 The plan is used only when every gap generation has a scalar index on the column too (spec: the gap
-is read "through the flushed MemTables' pre-built indexes"; Lance's writer builds the maintained
-indexes into a generation, memwal_df's writer only its `_pk_index` so far): a generation without one
+is read "through the flushed MemTables' pre-built indexes"; both Lance's writer and memwal_df's build
+the maintained indexes into a generation, `memwal_df.maintained`): a generation without one
 is scanned whole, which costs more than scanning the fragments it stands in for (measured: 56 ms
 against 35 ms for `value < 0.001` with 100k rows in 12 gap generations over a 1M-row base). Even with
 a btree in every gap generation that query measured 60-73 ms against 45 ms for the plain plan: each

@@ -2,7 +2,10 @@
 
 The table has the base schema plus `_tombstone: bool not null`, one fragment, the base table's data
 storage version and V2 manifest naming. Beside it: `bloom_filter.bin` (every key of the MemTable) and
-`_pk_index/` (the primary-key sidecar Lance's readers use). memwal_df writes only the newest row of
+`_pk_index/` (the primary-key sidecar Lance's readers use); in `_indices/`, the maintained indexes
+(`memwal_df.maintained`: built by Lance on the generation with the base index's centroids, codebook
+and tokenizer, one dataset version each, as Lance's own flush builds every maintained index inside the
+generation). memwal_df writes only the newest row of
 each key (tombstones included), in forward write order, so a generation never needs a deletion
 vector; Lance writes every row and hides older duplicates with one — both read the same.
 
@@ -13,7 +16,8 @@ reused). When they differ, the directory is written in two versions: an empty v1
 that commits the table's `LanceSchema` with the data file columns mapped to its ids (Lance renumbers
 the schema of a dataset's first version, so v1 cannot carry them).
 
-Guarantees: `write_generation` either returns the `SsTable` entry of a complete directory or raises;
+Guarantees: `write_generation` either returns the `SsTable` entry of a complete directory (indexes
+included, synced) or raises;
 a directory it leaves behind after a failure is never referenced by a manifest (the caller retries in
 a new directory with a new random prefix).
 """
@@ -33,6 +37,7 @@ import pyarrow.compute as pc
 from memwal_df import layout
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import MissingGenerationError
+from memwal_df.maintained import MaintainedIndex, write_generation_indexes
 from memwal_df.memtable import MemTable
 from memwal_df.pk_index import write_pk_index
 from memwal_df.storage import Storage
@@ -69,8 +74,10 @@ def write_generation(
     region_id: uuid.UUID,
     memtable: MemTable,
     data_storage_version: str,
+    indexes: Sequence[MaintainedIndex] = (),
 ) -> pb.SsTable:
-    """Write `memtable` as a new generation directory and return its manifest entry."""
+    """Write `memtable` as a new generation directory with its maintained `indexes` and return its
+    manifest entry."""
     data = memtable.newest()
     dir_name = layout.generation_dir_name(secrets.token_hex(4), memtable.generation)
     rel = layout.generation_path(region_id, dir_name)
@@ -90,6 +97,7 @@ def write_generation(
         _write_with_field_ids(data, uri, ids, data_storage_version, options)
     storage.put(f"{rel}/{layout.BLOOM_FILTER_FILE}", memtable.bloom.to_bytes())
     write_pk_index(uri, [data.column(c) for c in memtable.primary_key], storage.storage_options or None)
+    write_generation_indexes(uri, indexes, options)
     storage.sync_tree(rel)  # durable before any manifest names it
     return pb.SsTable(
         generation=memtable.generation,

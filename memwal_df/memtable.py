@@ -6,19 +6,26 @@ flushed as `bloom_filter.bin`. Both catch up with the batches when they are read
 over every batch appended since, so a write pays only for appending its batch. Tombstones
 (`_tombstone = true`) are rows like any other: the newest row of a key decides whether the key exists.
 
+The maintained vector and full-text indexes (`memwal_df.memtable_index`) are kept in `indexes`: the
+writer brings them up to date on every write (`indexed_write`) or in the background, and a reader's
+`snapshot()` indexes whatever they do not cover yet when it searches.
+
 Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `lookup`
 returns the same rows `newest()` holds for those keys. A MemTable is not thread-safe; its region
-writer serializes access.
+writer serializes access (its `indexes` are thread-safe).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from memwal_df.bloom import BloomFilter
+from memwal_df.maintained import MaintainedIndex
+from memwal_df.memtable_index import MemTableIndexes, TermRows, VectorRows
 
 
 def key_list(columns: Sequence[pa.Array | pa.ChunkedArray]) -> list[Hashable]:
@@ -30,11 +37,18 @@ def key_list(columns: Sequence[pa.Array | pa.ChunkedArray]) -> list[Hashable]:
 class MemTable:
     """Batches of one generation with a pk → newest-row index and a bloom filter."""
 
-    def __init__(self, generation: int, schema: pa.Schema, primary_key: Sequence[str]) -> None:
+    def __init__(
+        self,
+        generation: int,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        indexes: Sequence[MaintainedIndex] = (),
+    ) -> None:
         self.generation = generation
         self.schema = schema
         self.primary_key = list(primary_key)
         self.batches: list[pa.RecordBatch] = []
+        self.indexes = MemTableIndexes(indexes, schema)
         self._bloom = BloomFilter.empty()
         self._index: dict[Hashable, int] = {}
         self._indexed_batches = 0  # batches already in _index and _bloom
@@ -89,14 +103,47 @@ class MemTable:
 
     def newest(self) -> pa.Table:
         """One row per key, the newest (tombstones included), in forward write order."""
+        return self._newest()[0]
+
+    def _newest(self) -> tuple[pa.Table, np.ndarray | None]:
+        """(`newest()`, the positions of its rows; None when it is every row)."""
         table = self.to_table()
         if len(self._catch_up()) == table.num_rows:
-            return table
+            return table, None
+        positions = self.newest_positions()
         # Take from one contiguous table: a take across the MemTable's many small batches costs ~30x more.
-        return table.combine_chunks().take(pa.array(self.newest_positions()))
+        return table.combine_chunks().take(pa.array(positions)), positions
+
+    def snapshot(self) -> MemTableSnapshot:
+        """`newest()` now, with access to the MemTable indexes for those rows."""
+        table, positions = self._newest()
+        return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
 
     def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
         """The newest rows (tombstones included) of the given keys that this MemTable holds."""
         index = self._catch_up()
         hits = [p for k in key_list(keys) if (p := index.get(k)) is not None]
         return self.to_table().take(pa.array(sorted(set(hits)), pa.int64()))
+
+
+@dataclass(frozen=True, eq=False)
+class MemTableSnapshot:
+    """A MemTable's newest rows at one moment (`table`, row i = MemTable row `positions[i]`, or row i
+    when `positions` is None) and its indexes over the `rows` rows of its first `batches` batches."""
+
+    generation: int
+    table: pa.Table
+    memtable: MemTable
+    batches: int
+    rows: int
+    positions: np.ndarray | None
+
+    def vectors(self, column: str) -> VectorRows | None:
+        """The vector index of `column` over the MemTable's rows (indexing what it does not cover)."""
+        mt = self.memtable
+        return mt.indexes.vectors(column, mt.batches, self.batches, self.rows)
+
+    def terms(self, column: str) -> TermRows | None:
+        """The full-text index of `column` over the MemTable's rows (indexing what it does not cover)."""
+        mt = self.memtable
+        return mt.indexes.terms(column, mt.batches, self.batches, self.rows)

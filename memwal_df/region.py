@@ -44,8 +44,10 @@ from memwal_df.errors import (
     WriterFencedError,
 )
 from memwal_df.generation import write_generation
+from memwal_df.maintained import MaintainedIndex
 from memwal_df.manifest import RegionManifestStore, new_manifest, next_version
-from memwal_df.memtable import MemTable
+from memwal_df.memtable import MemTable, MemTableSnapshot
+from memwal_df.memtable_index import BackgroundIndexer
 from memwal_df.region_spec import RegionSpec
 from memwal_df.schema import TableSchema, delete_batch, iter_tables, keys_table, upsert_batch, with_tombstone
 from memwal_df.storage import Storage
@@ -60,8 +62,10 @@ class WriterConfig:
 
     `durable_write`: a write returns after its WAL entry is stored; otherwise entries are batched by
     size (`max_wal_buffer_size`), count (`max_wal_buffer_batches`) and age (`max_wal_flush_interval_ms`).
-    `indexed_write`: the key index and bloom filter are current whenever they are read either way;
-    vector and full-text MemTable indexes do not exist yet, so the setting has no other effect today.
+    `indexed_write`: a write returns after the MemTable's vector and full-text indexes (of the
+    maintained indexes, `memwal_df.maintained`) include its rows; otherwise a background thread indexes
+    them, and a search indexes what that thread has not reached yet, so searches see every write either
+    way. The key index and bloom filter catch up whenever they are read, in both modes.
     """
 
     durable_write: bool = True
@@ -105,6 +109,7 @@ class RegionContext:
     spec: RegionSpec | None
     region_values: tuple[Any, ...] | None  # this region's values under `spec`, None for manual regions
     field_entries: dict[str, bytes]
+    indexes: tuple[MaintainedIndex, ...] = ()  # the maintained indexes, resolved at writer open
 
 
 class RegionWriter:
@@ -132,7 +137,8 @@ class RegionWriter:
         self._stats = {"puts": 0, "deletes": 0, "rows": 0, "wal_entries": 0, "wal_bytes": 0, "generations": 0}
         self.manifest = self._claim()
         self.epoch = self.manifest.writer_epoch
-        self._active = MemTable(self.manifest.current_generation, ctx.schema.wal, ctx.schema.primary_key)
+        self._active = self._new_memtable(self.manifest.current_generation)
+        self._indexer: BackgroundIndexer | None = None
         self._next_position = self.manifest.replay_after_wal_entry_position + 1
         self._replay()
         self._threads = [
@@ -144,6 +150,11 @@ class RegionWriter:
             )
         for t in self._threads:
             t.start()
+        if not self.config.indexed_write and self._active.indexes:
+            self._indexer = BackgroundIndexer(f"memwal-index-{region_id}")
+
+    def _new_memtable(self, generation: int) -> MemTable:
+        return MemTable(generation, self.ctx.schema.wal, self.ctx.schema.primary_key, self.ctx.indexes)
 
     # ------------------------------------------------------------------ claim and replay
 
@@ -264,11 +275,11 @@ class RegionWriter:
         with self._cond:
             return [*self._sealed, self._active]
 
-    def memtable_snapshot(self) -> list[tuple[int, pa.Table]]:
-        """(generation, newest row per key incl. tombstones) of each unflushed MemTable, oldest first,
-        copied consistently under the writer's lock."""
+    def memtable_snapshot(self) -> list[MemTableSnapshot]:
+        """The newest row per key (tombstones included) of each unflushed MemTable, with access to its
+        indexes, oldest first, copied consistently under the writer's lock."""
         with self._cond:
-            return [(mt.generation, mt.newest()) for mt in [*self._sealed, self._active] if mt.num_rows]
+            return [mt.snapshot() for mt in [*self._sealed, self._active] if mt.num_rows]
 
     def stats(self) -> dict[str, int]:
         with self._cond:
@@ -319,11 +330,21 @@ class RegionWriter:
                 if len(self._pending) <= 1:
                     self._cond.notify_all()  # the WAL loop starts its timer, or appends
             self._active.append(batch)
+            self._index(self._active)
             if self.config.durable_write:
                 self._active.last_wal_position = self._next_position - 1
             self._stats["rows"] += batch.num_rows
             if self._memtable_full():
                 self._seal()
+
+    def _index(self, memtable: MemTable) -> None:
+        """Index the MemTable's new rows now (`indexed_write`) or on the background indexer."""
+        if not memtable.indexes:
+            return
+        if self._indexer is None:
+            memtable.indexes.catch_up(memtable.batches, len(memtable.batches))
+        else:
+            self._indexer.submit(memtable.indexes, memtable.batches)
 
     def _append_wal(self, batches: list[pa.RecordBatch], generation: int) -> None:
         """Publish one WAL entry of the MemTable `generation` at the next position. The caller holds
@@ -413,7 +434,7 @@ class RegionWriter:
         if self._active.num_rows == 0:
             return
         self._sealed.append(self._active)
-        self._active = MemTable(self._active.generation + 1, self.ctx.schema.wal, self.ctx.schema.primary_key)
+        self._active = self._new_memtable(self._active.generation + 1)
         self._active.last_wal_position = self._next_position - 1
         self._cond.notify_all()
 
@@ -448,7 +469,7 @@ class RegionWriter:
         for _ in range(self.config.max_flush_retries):
             try:
                 sstable = write_generation(
-                    self._storage, self.region_id, memtable, self.ctx.data_storage_version
+                    self._storage, self.region_id, memtable, self.ctx.data_storage_version, self.ctx.indexes
                 )
                 break
             except (OSError, ValueError, RuntimeError) as e:  # each retry writes a new directory
@@ -542,6 +563,8 @@ class RegionWriter:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
+        if self._indexer is not None:
+            self._indexer.stop()
 
 
 def _set_last_seen(m: pb.ShardManifest, position: int) -> None:

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import InvalidConfigError
 from memwal_df.exec._cache import PerObjectCache
-from memwal_df.exec.base import ExecNode
+from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
 from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, GlobalBM25Exec
 from memwal_df.exec.knn import DISTANCE, METRICS, BruteForceKnnExec, LanceKnnExec, query_vector
@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 __all__ = ["SearchOptions", "plan_fts", "plan_vector_search"]
 
 OVERFETCH = 2
+# Generations of at least this many rows are searched through their own vector index (Lance's
+# `nearest`, ~9 ms per call on the loaded 2-core machine), smaller ones by brute force over their
+# in-memory vectors (~0.23 ms per 17k x 64 rows): the two cost the same near 650k rows.
+INDEXED_GENERATION_ROWS = 500_000
 
 
 @dataclass(frozen=True)
@@ -151,13 +155,20 @@ def _stale_filtered(arm: RankedExec, newer: NewerLevels) -> RankedExec:
 
 
 def plan_vector_search(
-    table: MemWalTable, column: str, query: Any, k: int, options: Mapping[str, Any] | None = None
+    table: MemWalTable,
+    column: str,
+    query: Any,
+    k: int,
+    options: Mapping[str, Any] | None = None,
+    *,
+    indexed_generation_rows: int = INDEXED_GENERATION_ROWS,
 ) -> ExecNode:
     """The plan of `vector_search`: the `k` rows nearest to `query` among the live, newest rows that
     match the filter, with the table's columns and `_distance`, nearest first.
 
-    Exact on every level but the base, whose candidates are Lance's (IVF with `nprobes`); with a
-    base index the base's distances are refined (`refine_factor`, default 1) so that distances are
+    Exact on every level but the base and the generations of at least `indexed_generation_rows`
+    rows that have the maintained vector index, whose candidates are Lance's (IVF with `nprobes`);
+    with an index the distances are refined (`refine_factor`, default 1) so that distances are
     exact and comparable across levels."""
     opts = SearchOptions.parse(options, "vector_search", VECTOR_OPTIONS)
     k = _check_k(k, "vector_search")
@@ -174,9 +185,31 @@ def plan_vector_search(
         arms.append(_stale_filtered(arm, s.newer(s.every_level)))
     for region in s.regions:
         for i, level in enumerate(region.levels):
-            knn = BruteForceKnnExec(level, column, q, metric, k, s.filter, schema, s.primary_key)
+            ds = _indexed_generation(level, column, metric, indexed_generation_rows)
+            knn: RankedExec
+            if ds is None:
+                knn = BruteForceKnnExec(level, column, q, metric, k, s.filter, schema, s.primary_key)
+            else:
+                where = f"generation {level.generation} of region {short_id(level.region_id)}"
+                nprobes, refine_gen = opts.nprobes, refine or 1
+                knn = LanceKnnExec(ds, column, q, metric, k, s.filter, schema, nprobes, refine_gen, where)
             arms.append(_stale_filtered(knn, s.newer(region.levels[:i])))
     return TopKExec(arms, k, DISTANCE, schema.append(pa.field(DISTANCE, pa.float32())))
+
+
+def _indexed_generation(level: Level, column: str, metric: str, min_rows: int) -> lance.LanceDataset | None:
+    """The generation's dataset when it is searched through its own vector index: it has one on
+    `column` with `metric` and at least `min_rows` rows (below that, brute force over its vectors,
+    kept in memory, is both faster and exact: measured 0.23 ms against Lance's 8.6 ms for 17k x 64)."""
+    if level.kind != "generation":
+        return None
+    ds = level.dataset()
+    if ds is None or level.cached("num-rows", ds.count_rows) < min_rows:
+        return None
+    details = _index_details(ds, column, "vector")
+    if details is None or str(details.get("metric_type", "")).lower() != metric:
+        return None
+    return ds
 
 
 def plan_fts(

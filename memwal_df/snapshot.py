@@ -48,6 +48,7 @@ from memwal_df.schema import TableSchema, conform
 from memwal_df.storage import LocalStorage, Storage
 
 if TYPE_CHECKING:
+    from memwal_df.memtable import MemTableSnapshot
     from memwal_df.region import RegionWriter
     from memwal_df.table import Table
     from memwal_df.writer import TableWriter
@@ -108,6 +109,8 @@ class Level:
     storage: Storage
     path: str | None = None  # generation directory relative to the table root
     table: pa.Table | None = None  # MemTable rows (newest per key, tombstones included)
+    # The MemTable `table` was copied from, with its indexes (MemTable levels of a writer).
+    source: MemTableSnapshot | None = field(default=None, repr=False, compare=False)
     _dataset: lance.LanceDataset | None = field(default=None, repr=False)
     _bloom: BloomFilter | None = field(default=None, repr=False)
     _keys: pa.Array | None = field(default=None, repr=False)
@@ -393,14 +396,14 @@ def _region_levels(
     region_id: uuid.UUID,
     m: pb.ShardManifest,
     merged: dict[uuid.UUID, int],
-    memtables: dict[uuid.UUID, list[tuple[int, pa.Table]]],
+    memtables: dict[uuid.UUID, list[MemTableSnapshot]],
 ) -> RegionLevels:
     """A region's levels, newest first: the writer's MemTables, then its unmerged generations; its
     merged generations that the manifest still lists go to `merged` (catch-up plans read them)."""
     floor = merged.get(region_id, 0)
     levels = [
-        Level("memtable", region_id, gen, table.storage, table=t)
-        for gen, t in reversed(memtables.get(region_id, []))
+        Level("memtable", region_id, mt.generation, table.storage, table=mt.table, source=mt)
+        for mt in reversed(memtables.get(region_id, []))
     ]
     flushed = [
         Level(
@@ -439,8 +442,8 @@ def _region_writers(writer: TableWriter | RegionWriter | None) -> list[RegionWri
 
 def _writer_memtables(
     writer: TableWriter | RegionWriter | None,
-) -> dict[uuid.UUID, list[tuple[int, pa.Table]]]:
-    """(generation, newest rows) of each unflushed MemTable of the writer, per region, oldest first."""
+) -> dict[uuid.UUID, list[MemTableSnapshot]]:
+    """The newest rows of each unflushed MemTable of the writer, per region, oldest first."""
     return {w.region_id: w.memtable_snapshot() for w in _region_writers(writer)}
 
 

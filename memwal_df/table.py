@@ -31,6 +31,7 @@ from memwal_df.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from memwal_df.maintained import MaintainedIndex, maintained_indexes
 from memwal_df.manifest import RegionManifestStore, region_id_of
 from memwal_df.pk_index import is_supported_pk_type
 from memwal_df.region import RegionContext, RegionWriter, WriterConfig
@@ -73,6 +74,7 @@ class Table:
         self.storage_options = dict(storage_options or {})
         self._session: lance.Session | None = None  # Lance's index/metadata caches, kept across refreshes
         self._region_keys: dict[uuid.UUID, tuple[int, tuple[Any, ...] | None]] = {}
+        self._maintained: tuple[int, tuple[MaintainedIndex, ...]] = (-1, ())
         self.refresh()
 
     def refresh(self) -> None:
@@ -100,6 +102,15 @@ class Table:
         a Lance version never changes once written, so an unchanged number means unchanged state)."""
         if memwal_index.latest_version(self.storage) != self.dataset.version:
             self.refresh()
+
+    def maintained_indexes(self) -> tuple[MaintainedIndex, ...]:
+        """The maintained indexes resolved against the latest base version (once per version)."""
+        self.sync()
+        version, indexes = self._maintained
+        if version != self.dataset.version:
+            indexes = maintained_indexes(self.details, self.dataset, self.storage)
+            self._maintained = (self.dataset.version, indexes)
+        return indexes
 
     @property
     def specs(self) -> dict[int, RegionSpec]:
@@ -311,6 +322,7 @@ class Table:
             spec=self.spec,
             region_values=values,
             field_entries=entries,
+            indexes=self.maintained_indexes(),
         )
         return RegionWriter(ctx, region_id, config)
 

@@ -62,14 +62,26 @@ class SearchLsm:
     """A MemWAL table (bucket regions) with an open writer; `rows()` is the deduplicated truth."""
 
     def __init__(
-        self, uri: str, base_ids: list[int], seed: int = 0, regions: int = 2, str_keys: bool = False
+        self,
+        uri: str,
+        base_ids: list[int],
+        seed: int = 0,
+        regions: int = 2,
+        str_keys: bool = False,
+        indexed_write: bool = True,
+        create: bool = True,
     ) -> None:
+        """A new table of `base_ids` rows (`create=False`: the table at `uri`, made by the caller,
+        e.g. with base indexes the writer then maintains), with a durable writer."""
         self.uri = uri
         self.str_keys = str_keys
         schema = STR_SCHEMA if str_keys else SCHEMA
-        base = make_rows(base_ids, seed, str_keys) if base_ids else schema.empty_table()
-        self.table = mw.create_table(uri, base, primary_key="id", region_spec=mw.bucket("id", regions))
-        self.writer = self.table.writer(durable=True, max_memtable_rows=100_000)
+        if create:
+            base = make_rows(base_ids, seed, str_keys) if base_ids else schema.empty_table()
+            self.table = mw.create_table(uri, base, primary_key="id", region_spec=mw.bucket("id", regions))
+        else:
+            self.table = mw.Table(uri)
+        self.writer = self.table.writer(durable=True, indexed=indexed_write, max_memtable_rows=100_000)
 
     def put(self, ids: list[int], seed: int) -> None:
         self.writer.put(make_rows(ids, seed, self.str_keys))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import datafusion
@@ -49,15 +50,27 @@ def index(lsm: Lsm, column: str, kind: str = "BTREE") -> None:
     lsm.table.refresh()
 
 
-def index_generations(lsm: Lsm, column: str = "v") -> None:
-    """A btree on `column` in every flushed generation that has none, as Lance's writer builds the
-    maintained indexes into a generation (memwal_df's writer builds only the `_pk_index`)."""
+def _generation_datasets(lsm: Lsm) -> Iterator[lance.LanceDataset]:
     for region_id in lsm.table.region_ids():
         for _, path in flushed_generations(lsm.table, region_id):
             if lsm.table.storage.list_dir(path):
-                ds = lance.dataset(lsm.table.storage.child_uri(path))
-                if not any(column in d.field_names for d in ds.describe_indices()):
-                    ds.create_scalar_index(column, "BTREE")
+                yield lance.dataset(lsm.table.storage.child_uri(path))
+
+
+def index_generations(lsm: Lsm, column: str = "v") -> None:
+    """A btree on `column` in every flushed generation that has none (the writer builds the maintained
+    indexes it resolved when it opened; this covers generations written before an index existed)."""
+    for ds in _generation_datasets(lsm):
+        if not any(column in d.field_names for d in ds.describe_indices()):
+            ds.create_scalar_index(column, "BTREE")
+
+
+def drop_generation_indexes(lsm: Lsm, column: str = "v") -> None:
+    """Generations without an index on `column`, as a writer that did not maintain it writes them."""
+    for ds in _generation_datasets(lsm):
+        for d in ds.describe_indices():
+            if column in d.field_names:
+                ds.drop_index(d.name)
 
 
 def explain(lsm: Lsm, flt: Any = FILTER) -> str:
@@ -219,6 +232,8 @@ def merged_history(tmp_path: Any, maintained: list[str] | None = None, index_gen
     merge_all(lsm.table)
     if index_gens:
         index_generations(lsm)
+    else:
+        drop_generation_indexes(lsm)
     return lsm
 
 

@@ -14,7 +14,9 @@ and of df (its live documents only) and hands the totals to every `Bm25Exec` bef
 Each level keeps an in-memory term index (postings: documents and term frequencies per term, document
 lengths, keys), built with pyarrow/numpy from one read of its key and text columns: once per process
 for a generation, once per pinned version for the base table (Lance 14 does not expose its inverted
-index's postings or statistics through Python), once per query for a MemTable. A level's live
+index's postings or statistics through Python). A MemTable's comes from its writer's MemTable index
+(`PairTerms`: no text read or tokenized per query) when it was built with the same tokenizer, else it
+is built per query. A level's live
 documents are those whose key no newer level holds (exact key sets): each newer level's keys are
 located among the level's sorted keys, and the answer for a pair of immutable levels (generation or
 base version, newer generation) is kept per process.
@@ -25,7 +27,8 @@ first, ties by position; scores are float64.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import lance
@@ -38,12 +41,13 @@ from memwal_df.exec.base import short_id
 from memwal_df.exec.filter_stale import NewerLevels, level_key_set
 from memwal_df.exec.keyset import KeySet, key_array
 from memwal_df.exec.ranked import POSITION, RankedExec, TopKExec, grow
+from memwal_df.memtable_index import TermRows
 from memwal_df.predicate import referenced_columns
 from memwal_df.snapshot import ImmutableCache, Level
 from memwal_df.tokenizer import Tokenizer
 from memwal_df.wal import TOMBSTONE
 
-__all__ = ["B", "K1", "SCORE", "Bm25Exec", "CorpusStats", "GlobalBM25Exec", "TermIndex"]
+__all__ = ["B", "K1", "SCORE", "Bm25Exec", "CorpusStats", "GlobalBM25Exec", "PairTerms", "TermIndex", "Terms"]
 
 SCORE = "_score"
 K1 = 1.2
@@ -52,17 +56,45 @@ _BASE_INDEXES = ImmutableCache(capacity=2)  # term indexes of pinned base versio
 
 
 @dataclass
-class TermIndex:
-    """Postings of one level's text column, documents by position."""
+class Terms(ABC):
+    """A level's documents (by position) and the postings of their terms."""
 
     doc_len: np.ndarray  # tokens per document (int64)
     in_corpus: np.ndarray  # bool: not a tombstone, text not NULL
     keys: pa.Array  # key of each document
-    vocab: dict[str, int]
+    vocab: Mapping[str, int]
+    _sorted: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, kw_only=True)
+
+    @abstractmethod
+    def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
+        """(documents holding `term`, its frequency in each)."""
+
+    def positions_of(self, key_set: KeySet) -> np.ndarray:
+        """Positions of the documents whose key is in `key_set` (one binary search per key of the set
+        for integer keys: the sorted keys are computed once per index)."""
+        wanted = key_set.to_array()
+        if len(wanted) == 0:
+            return np.zeros(0, np.int64)
+        if not pa.types.is_integer(self.keys.type):
+            found = pc.index_in(wanted.cast(self.keys.type), value_set=self.keys).drop_null()
+            return found.to_numpy().astype(np.int64)
+        if self._sorted is None:
+            keys = self.keys.to_numpy(zero_copy_only=False).astype(np.int64)
+            order = np.argsort(keys, kind="stable")
+            self._sorted = keys[order], order
+        sorted_keys, order = self._sorted
+        probe = wanted.to_numpy(zero_copy_only=False).astype(np.int64)
+        at = np.minimum(np.searchsorted(sorted_keys, probe), len(sorted_keys) - 1)
+        return order[at[sorted_keys[at] == probe]] if len(sorted_keys) else np.zeros(0, np.int64)
+
+
+@dataclass
+class TermIndex(Terms):
+    """Postings of one level's text column, built from its rows: per term, in CSR form."""
+
     offsets: np.ndarray  # postings of term i: [offsets[i], offsets[i + 1])
     docs: np.ndarray
     tf: np.ndarray
-    _sorted: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -90,31 +122,43 @@ class TermIndex:
             tf=tf[order].astype(np.int32),
         )
 
-    def positions_of(self, key_set: KeySet) -> np.ndarray:
-        """Positions of the documents whose key is in `key_set` (one binary search per key of the set
-        for integer keys: the sorted keys are computed once per index)."""
-        wanted = key_set.to_array()
-        if len(wanted) == 0:
-            return np.zeros(0, np.int64)
-        if not pa.types.is_integer(self.keys.type):
-            found = pc.index_in(wanted.cast(self.keys.type), value_set=self.keys).drop_null()
-            return found.to_numpy().astype(np.int64)
-        if self._sorted is None:
-            keys = self.keys.to_numpy(zero_copy_only=False).astype(np.int64)
-            order = np.argsort(keys, kind="stable")
-            self._sorted = keys[order], order
-        sorted_keys, order = self._sorted
-        probe = wanted.to_numpy(zero_copy_only=False).astype(np.int64)
-        at = np.minimum(np.searchsorted(sorted_keys, probe), len(sorted_keys) - 1)
-        return order[at[sorted_keys[at] == probe]] if len(sorted_keys) else np.zeros(0, np.int64)
-
     def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
-        """(documents holding `term`, its frequency in each)."""
         i = self.vocab.get(term)
         if i is None:
             return np.zeros(0, np.int32), np.zeros(0, np.int32)
         lo, hi = self.offsets[i], self.offsets[i + 1]
         return self.docs[lo:hi], self.tf[lo:hi]
+
+
+@dataclass
+class PairTerms(Terms):
+    """Postings of a MemTable level from the writer's MemTable index: (document, term, tf) pairs in
+    document order, scanned per query term (no per-query sort or tokenization)."""
+
+    pair_doc: np.ndarray
+    pair_term: np.ndarray
+    pair_tf: np.ndarray
+
+    @classmethod
+    def of_memtable(cls, rows: TermRows, positions: np.ndarray | None, keys: pa.Array) -> PairTerms:
+        """The postings of the MemTable rows at `positions` (None: every row), as documents 0, 1, ..."""
+        pair_doc, pair_term, pair_tf = rows.pair_row, rows.pair_term, rows.pair_tf
+        doc_len, in_corpus = rows.doc_len, rows.in_corpus
+        if positions is not None:
+            doc_of_row = np.full(len(rows.doc_len), -1, np.int32)
+            doc_of_row[positions] = np.arange(len(positions), dtype=np.int32)
+            pair_doc = doc_of_row[pair_doc]
+            kept = pair_doc >= 0
+            pair_doc, pair_term, pair_tf = pair_doc[kept], pair_term[kept], pair_tf[kept]
+            doc_len, in_corpus = doc_len[positions], in_corpus[positions]
+        return cls(doc_len, in_corpus, keys, rows.vocab, pair_doc, pair_term, pair_tf)
+
+    def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
+        i = self.vocab.get(term)
+        if i is None:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        at = np.flatnonzero(self.pair_term == i)
+        return self.pair_doc[at], self.pair_tf[at]
 
 
 @dataclass(frozen=True)
@@ -133,7 +177,7 @@ class CorpusStats:
         return np.log1p((self.num_docs - self.df + 0.5) / (self.df + 0.5))
 
 
-def _live(index: TermIndex, newer: NewerLevels, owner: str | None) -> np.ndarray:
+def _live(index: Terms, newer: NewerLevels, owner: str | None) -> np.ndarray:
     """The level's corpus documents whose key no newer level holds. Each newer level's keys are
     located among the level's (one lookup per newer key); when the level is immutable (`owner` names
     it: a generation, or a base version), a newer generation's answer is kept with that generation."""
@@ -156,7 +200,7 @@ class Bm25Exec(RankedExec):
     def __init__(
         self,
         label: str,
-        index: TermIndex,
+        index: Terms,
         terms: Sequence[str],
         k: int,
         live: np.ndarray,
@@ -220,7 +264,12 @@ class Bm25Exec(RankedExec):
         """A level's ranking; `searchable=False` (a region the filter prunes): statistics only."""
         pk = newer.primary_key
 
-        def build() -> TermIndex:
+        def build() -> Terms:
+            indexed = level.source.terms(column) if level.source is not None else None
+            if indexed is not None and indexed.tokenizer == tokenizer:
+                assert level.table is not None
+                keys = key_array([level.table.column(c) for c in pk])
+                return PairTerms.of_memtable(indexed, level.source.positions, keys)  # type: ignore[union-attr]
             return TermIndex.build(read_level(level, [*pk, column, TOMBSTONE]), column, pk, tokenizer)
 
         index = level_cached(level, f"terms:{column}:{tokenizer}", build)

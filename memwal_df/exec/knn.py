@@ -6,8 +6,9 @@ Distances are Lance's: `l2` is the squared Euclidean distance, `cosine` is 1 - c
 * `BruteForceKnnExec` (a generation or an unflushed MemTable): exact distances to every row that
   matches the filter, computed with numpy over the level's vectors (a generation's are read once per
   process). `top(n)` is exactly the level's `n` nearest matching rows.
-* `LanceKnnExec` (the base table): Lance's `nearest` with `nprobes` / `refine_factor`, the filter's
-  Lance part as a prefilter (applied exactly before the search) and the rest applied to the results
+* `LanceKnnExec` (the base table, or a large generation through its maintained index): Lance's
+  `nearest` with `nprobes` / `refine_factor`, the filter's Lance part as a prefilter (applied exactly
+  before the search; for a generation with `NOT _tombstone`) and the rest applied to the results
   (fetching more until `n` rows match). With an index, `top(n)` is Lance's approximate answer;
   fragments the index does not cover yet are searched exactly by Lance itself.
 """
@@ -97,6 +98,19 @@ class LevelVectors:
         sqnorms = np.einsum("ij,ij->i", matrix, matrix)
         return cls(matrix, sqnorms, usable, rows.select(list(primary_key)).combine_chunks())
 
+    @classmethod
+    def of_level(cls, level: Level, column: str, primary_key: Sequence[str]) -> LevelVectors:
+        """`read`, or for a MemTable whose writer indexes `column`, the rows of its MemTable index."""
+        indexed = level.source.vectors(column) if level.source is not None else None
+        if indexed is None:
+            return cls.read(level, column, primary_key)
+        assert level.source is not None and level.table is not None
+        at = level.source.positions
+        keys = level.table.select(list(primary_key)).combine_chunks()
+        if at is None:  # every row of the MemTable is its key's newest: the index's arrays as they are
+            return cls(indexed.matrix, indexed.sqnorms, indexed.usable, keys)
+        return cls(indexed.matrix[at], indexed.sqnorms[at], indexed.usable[at], keys)
+
     def approximate(self, q: np.ndarray, metric: str) -> tuple[np.ndarray, float]:
         """(each row's distance to `q` from one matrix-vector product, a bound on its error): for
         `l2`, |x|^2 - 2 x.q + |q|^2 loses precision when x is near q; the other metrics are exact."""
@@ -154,7 +168,7 @@ class BruteForceKnnExec(RankedExec):
         if self._ranked is None:
             name = f"vectors:{self.column}:{','.join(self.primary_key)}"
             vectors = level_cached(
-                self.level, name, lambda: LevelVectors.read(self.level, self.column, self.primary_key)
+                self.level, name, lambda: LevelVectors.of_level(self.level, self.column, self.primary_key)
             )
             mask = (
                 vectors.usable
@@ -202,8 +216,11 @@ class LanceKnnExec(RankedExec):
         schema: pa.Schema,
         nprobes: int | None = None,
         refine_factor: int | None = None,
+        label: str | None = None,
     ) -> None:
+        """`label` names a generation (`base` is then its dataset, whose tombstones are skipped)."""
         self.base = base
+        self.label = label
         self.score = DISTANCE
         self.column = column
         self.query = query
@@ -219,12 +236,18 @@ class LanceKnnExec(RankedExec):
     def describe(self) -> str:
         f = "" if self.filter is None else f", prefilter={self.filter}"
         return (
-            f"LanceKnnExec: base v{self.base.version}, column={self.column}, metric={self.metric}, "
+            f"LanceKnnExec: {self.label or 'base'} v{self.base.version}, column={self.column}, "
+            f"metric={self.metric}, "
             f"nprobes={self.nprobes}, refine_factor={self.refine_factor}{f}"
         )
 
     def top(self, n: int) -> pa.Table:
-        sql, residual = split_for_lance(self.filter, self.table_schema)
+        if self.label is None:
+            sql, residual = split_for_lance(self.filter, self.table_schema)
+        else:
+            live = ~pc.field(TOMBSTONE)
+            flt = live if self.filter is None else self.filter & live
+            sql, residual = split_for_lance(flt, self.table_schema.append(pa.field(TOMBSTONE, pa.bool_())))
         columns = [*self.table_schema.names, DISTANCE]
 
         def fetch(m: int) -> pa.Table:
