@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
+from lance.dataset import MergeInsertBuilder
 from lance.mem_wal import CompactedSsTable
 
-from memwal_df import layout, memwal_index
+from memwal_df import entry_lease, layout, memwal_index
 from memwal_df.errors import (
     CommitConflictError,
     InvalidConfigError,
     MissingGenerationError,
-    TableNotFoundError,
 )
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.storage import Storage
@@ -51,8 +51,7 @@ if TYPE_CHECKING:
     from memwal_df.table import Table
 
 TOMBSTONE = "_tombstone"
-PROGRESS_LOOKBACK = 16  # base versions read for merge progress (a rebased builder commit can lower one)
-MAX_ATTEMPTS = 20  # tries per generation when pass 1 keeps losing races
+MAX_ATTEMPTS = 20  # tries per generation when its commits keep losing races
 _STALE_MARKER = "Stale SSTable compaction"
 LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
 _PARALLEL_REGIONS = 8
@@ -87,23 +86,13 @@ class MergeResult:
         return sum(r.rows_upserted + r.rows_deleted for r in self.regions)
 
 
-def merge_progress(
-    storage: Storage, lookback: int = PROGRESS_LOOKBACK, version: int | None = None
-) -> dict[uuid.UUID, int]:
-    """Region -> merged generation: the maximum over the `lookback` base versions up to `version`
-    (default: the latest)."""
-    latest = memwal_index.latest_version(storage) if version is None else version
-    out: dict[uuid.UUID, int] = {}
-    for version in range(latest, max(0, latest - lookback), -1):
-        try:
-            found = memwal_index.read_details(storage.uri, storage.storage_options or None, version)
-        except TableNotFoundError:
-            break  # older versions were cleaned up
-        if found is None:
-            continue
-        for region, gen in memwal_index.merged_generations(found[0]).items():
-            out[region] = max(out.get(region, 0), gen)
-    return out
+def merge_progress(storage: Storage, version: int | None = None) -> dict[uuid.UUID, int]:
+    """Region -> merged generation recorded at base `version` (default: the latest).
+
+    Entry writers never lower it (`entry_lease`), so it is also the highest progress any earlier
+    version recorded."""
+    found = memwal_index.read_details(storage.uri, storage.storage_options or None, version)
+    return memwal_index.merged_generations(found[0]) if found else {}
 
 
 def merge(
@@ -158,36 +147,47 @@ class _Merger:
             deleted += counts[1]
         return RegionMerge(region_id, tuple(merged), tuple(skipped), upserted, deleted)
 
-    def _merged(self, region_id: uuid.UUID, gen: int) -> bool:
-        return merge_progress(self.storage).get(region_id, 0) >= gen
+    def _merged(self, region_id: uuid.UUID, gen: int, version: int | None = None) -> bool:
+        return merge_progress(self.storage, version).get(region_id, 0) >= gen
 
     def _generation(self, region_id: uuid.UUID, gen: int, path: str) -> tuple[int, int] | None:
-        """Merge one generation: (rows upserted, tombstones applied), or None if already merged."""
+        """Merge one generation: (rows upserted, tombstones applied), or None if already merged.
+
+        Each pass commits from a pinned base version at which the generation is still unmerged, with
+        Lance's conflict retries off; a lost race pins the latest version and checks again."""
+        rows: tuple[pa.Table, pa.Table] | None = None
+        deleted = False
         for _ in range(MAX_ATTEMPTS):
-            if self._merged(region_id, gen):
+            ds = self._dataset()
+            if self._merged(region_id, gen, ds.version):
                 return None
+            if rows is None:
+                try:
+                    rows = self._read(path, ds.schema)
+                except MissingGenerationError:
+                    if self._merged(region_id, gen):  # merged and garbage-collected meanwhile
+                        return None
+                    raise
+            live, dead = rows
+            if dead.num_rows and not deleted:
+                # At this version no generation >= gen is merged, so every matched row is older.
+                deleted = self._commit(ds.merge_insert(self.pk).when_matched_delete(), dead)
+                continue
+            if not entry_lease.admit(self.storage, self.uri, self.options):
+                continue  # an index-entry writer was committing: pin a version after it
+            upsert = (
+                ds.merge_insert(self.pk)
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
+            )
             try:
-                live, dead = self._read(path)
-            except MissingGenerationError:
-                if self._merged(region_id, gen):  # merged and garbage-collected meanwhile
-                    return None
-                raise
-            if dead.num_rows and not self._delete(dead):
-                continue  # lost a race: re-read progress
-            try:
-                (
-                    self._dataset()
-                    .merge_insert(self.pk)
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                    .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
-                    .execute(live)
-                )
+                if self._commit(upsert, live):
+                    return live.num_rows, dead.num_rows
             except OSError as e:
                 if _STALE_MARKER in str(e):
                     return None  # another merger recorded this generation (or a later one)
                 raise
-            return live.num_rows, dead.num_rows
         raise CommitConflictError(
             f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
         )
@@ -195,24 +195,25 @@ class _Merger:
     def _dataset(self) -> lance.LanceDataset:
         return lance.dataset(self.uri, storage_options=self.options)
 
-    def _read(self, path: str) -> tuple[pa.Table, pa.Table]:
-        """(live rows, tombstones) of a generation, cast to the base schema, without `_tombstone`."""
+    def _read(self, path: str, base: pa.Schema) -> tuple[pa.Table, pa.Table]:
+        """(live rows, tombstones) of a generation, cast to `base`, without `_tombstone`."""
         try:
             rows = lance.dataset(self.storage.child_uri(path), storage_options=self.options).to_table()
         except (ValueError, OSError) as e:
             raise MissingGenerationError(f"flushed generation {path} cannot be read: {e}") from e
-        base = self._dataset().schema
         dead = pc.fill_null(rows.column(TOMBSTONE), False)
         rows = rows.drop_columns([TOMBSTONE])
         rows = rows.cast(pa.schema([base.field(n) for n in rows.column_names]))
         return rows.filter(pc.invert(dead)), rows.filter(dead)
 
-    def _delete(self, tombstones: pa.Table) -> bool:
-        """Pass 1: delete the base rows of these keys; False if the commit lost a race."""
+    @staticmethod
+    def _commit(builder: MergeInsertBuilder, source: pa.Table) -> bool:
+        """Execute a merge_insert from its pinned version without Lance's retries (Lance would
+        re-execute it on a newer version, past our checks); False if the commit lost a race."""
         try:
-            self._dataset().merge_insert(self.pk).when_matched_delete().conflict_retries(0).execute(
-                tombstones
-            )
+            builder.conflict_retries(0).execute(source)
+        except lance.commit.CommitConflictError:
+            return False
         except OSError as e:
             if any(m in str(e) for m in LOST_RACE):
                 return False
