@@ -21,6 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--interval", type=float, default=60.0, help="seconds between rounds (default 60)")
     run.add_argument("--rounds", type=int, default=None, help="stop after this many rounds")
     run.add_argument("--grace", type=float, default=3600.0, help="GC grace period in seconds")
+    run.add_argument(
+        "--version-retention",
+        type=float,
+        default=86400.0,
+        help="remove base versions older than this many seconds each round (default 86400)",
+    )
+    run.add_argument("--keep-versions", type=int, default=None, help="but always keep this many newest")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -28,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     rounds = open_table(args.uri).maintain(
-        interval=args.interval, stop=stop, max_rounds=args.rounds, grace=timedelta(seconds=args.grace)
+        interval=args.interval,
+        stop=stop,
+        max_rounds=args.rounds,
+        grace=timedelta(seconds=args.grace),
+        version_retention=timedelta(seconds=args.version_retention),
+        keep_versions=args.keep_versions,
     )
     return 1 if rounds and rounds[-1].errors else 0
 
