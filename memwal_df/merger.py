@@ -9,15 +9,19 @@ ascending order. One generation is at most two Lance commits:
    `mark_sstables_as_compacted([(region, generation)])`: the data and the progress commit atomically.
 
 Guarantees:
-- Merge progress never goes backwards and no generation is merged twice: before each generation the
-  merger reads progress as the maximum over the newest `PROGRESS_LOOKBACK` base versions (a concurrent
-  index-builder commit can be rebased by Lance into a version showing older progress, see
-  `docs/spec-notes.md`), and Lance refuses a marker that is not above the recorded one ("Stale SSTable
-  compaction"), which the merger takes as "another merger got there first": it reloads and goes on.
+- Merge progress never goes backwards and no generation is merged twice or after a newer one: each
+  pass commits from a pinned base version `R` at which the generation is unmerged, without Lance's
+  conflict retries (Lance would re-execute it on a newer version, past that check); pass 2 first waits
+  until no MemWAL index-entry writer holds the entry lease (`entry_lease.admit`). Index-entry commits
+  then never lower progress (see `memwal_df/entry_lease.py`), so progress at `R` is the highest any
+  version recorded, and Lance's "Stale SSTable compaction" check (marker not above the newest
+  recorded one) makes a marker commit the first and only one for its generation. The merger takes
+  "Stale" as "another merger got there first" and goes on; a lost race pins a new version and checks
+  again.
 - A crash after pass 1 leaves the base without rows the unmerged generation deletes anyway (readers
   see the same rows); the next merge repeats pass 1 (a no-op) and commits pass 2. A crash after pass 2
-  is a completed merge. Pass 1 is never re-executed by Lance against a newer version (retries are
-  off): a conflicting commit makes the merger re-read progress and start the generation over.
+  is a completed merge. Pass 1 deletes only rows of `R`, all from generations below this one, so it
+  never deletes a key a later generation re-inserted.
 - Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
   commits); the generations of one region always merge one after the other. Off by default: on the
   2-core bench machine parallel regions were 2-3x slower than serial (`bench/merge.py`), the
