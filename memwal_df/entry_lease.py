@@ -45,7 +45,7 @@ from memwal_df import layout
 from memwal_df.errors import CommitConflictError, CorruptManifestError
 from memwal_df.storage import EXISTED, Storage
 
-LEASE_DIR = f"{layout.MEM_WAL_DIR}/_entry_lease"
+LEASE_DIR = layout.ENTRY_LEASE_DIR
 DEFAULT_TTL = timedelta(seconds=60)
 FENCE_MESSAGE = "memwal_df: MemWAL index entry fence"
 _FENCE_ATTEMPTS = 20
