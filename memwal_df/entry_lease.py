@@ -42,7 +42,7 @@ import lance.commit
 from lance.dataset import LanceOperation
 
 from memwal_df import layout
-from memwal_df.errors import CommitConflictError, CorruptManifestError
+from memwal_df.errors import CommitConflictError, CorruptManifestError, NotFoundError
 from memwal_df.storage import EXISTED, Storage
 
 LEASE_DIR = layout.ENTRY_LEASE_DIR
@@ -85,15 +85,19 @@ def _epochs(storage: Storage) -> list[int]:
 
 def current(storage: Storage) -> Lease | None:
     """The newest lease epoch, or None when no entry writer ever took the lease."""
-    epochs = _epochs(storage)
-    if not epochs:
-        return None
-    raw = storage.get(_path(epochs[-1]))
-    try:
-        body = json.loads(raw)
-        return Lease(epochs[-1], str(body["holder"]), int(body["expires_ms"]), bool(body["released"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptManifestError(f"entry lease {_path(epochs[-1])} cannot be decoded: {e}") from e
+    while True:
+        epochs = _epochs(storage)
+        if not epochs:
+            return None
+        try:
+            raw = storage.get(_path(epochs[-1]))
+        except NotFoundError:
+            continue  # a newer epoch was taken and released meanwhile, which pruned this one
+        try:
+            body = json.loads(raw)
+            return Lease(epochs[-1], str(body["holder"]), int(body["expires_ms"]), bool(body["released"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptManifestError(f"entry lease {_path(epochs[-1])} cannot be decoded: {e}") from e
 
 
 def fence(uri: str, storage_options: dict[str, str] | None) -> int:

@@ -30,6 +30,8 @@ Guarantees:
 
 from __future__ import annotations
 
+import random
+import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +57,8 @@ if TYPE_CHECKING:
     from memwal_df.table import Table
 
 TOMBSTONE = "_tombstone"
-MAX_ATTEMPTS = 20  # tries per generation when its commits keep losing races
+MAX_ATTEMPTS = 50  # tries per generation when its commits keep losing races (each loss: another commit)
+_BACKOFF = (0.005, 0.5)  # seconds: first and longest cap of the random wait after a lost race
 _STALE_MARKER = "Stale SSTable compaction"
 LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
 _PARALLEL_REGIONS = 8
@@ -127,6 +130,11 @@ def merge(
     return MergeResult(done, table.dataset.version)
 
 
+def _backoff(attempt: int) -> None:
+    """Sleep a random time up to an exponentially growing cap: racing mergers spread out."""
+    time.sleep(random.uniform(0, min(_BACKOFF[1], _BACKOFF[0] * 2**attempt)))
+
+
 class _Merger:
     def __init__(self, table: Table, max_generations: int | None) -> None:
         self.storage = table.storage
@@ -161,7 +169,7 @@ class _Merger:
         Lance's conflict retries off; a lost race pins the latest version and checks again."""
         rows: tuple[pa.Table, pa.Table] | None = None
         deleted = False
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             ds = self._dataset()
             if self._merged(region_id, gen, ds.version):
                 return None
@@ -176,22 +184,25 @@ class _Merger:
             if dead.num_rows and not deleted:
                 # At this version no generation >= gen is merged, so every matched row is older.
                 deleted = self._commit(ds.merge_insert(self.pk).when_matched_delete(), dead)
-                continue
-            if not entry_lease.admit(self.storage, self.uri, self.options):
+                if deleted:
+                    continue  # pass 2 pins a version after our own commit
+            elif not entry_lease.admit(self.storage, self.uri, self.options):
                 continue  # an index-entry writer was committing: pin a version after it
-            upsert = (
-                ds.merge_insert(self.pk)
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
-            )
-            try:
-                if self._commit(upsert, live):
-                    return live.num_rows, dead.num_rows
-            except OSError as e:
-                if _STALE_MARKER in str(e):
-                    return None  # another merger recorded this generation (or a later one)
-                raise
+            else:
+                upsert = (
+                    ds.merge_insert(self.pk)
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
+                )
+                try:
+                    if self._commit(upsert, live):
+                        return live.num_rows, dead.num_rows
+                except OSError as e:
+                    if _STALE_MARKER in str(e):
+                        return None  # another merger recorded this generation (or a later one)
+                    raise
+            _backoff(attempt)  # lost a commit race
         raise CommitConflictError(
             f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
         )

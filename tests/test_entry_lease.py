@@ -27,7 +27,7 @@ from lance.dataset import LanceOperation, MergeInsertBuilder
 
 import memwal_df as mw
 from memwal_df import entry_lease, memwal_index
-from memwal_df.errors import CommitConflictError
+from memwal_df.errors import CommitConflictError, CorruptManifestError
 from memwal_df.merger import MergeResult
 
 
@@ -174,14 +174,23 @@ def test_the_lease_is_released_and_pruned(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # Randomized interleavings
 
-JOBS = ("merge", "merge", "build_index", "catch_up_indexes")
+# two mergers (one merging its regions in parallel threads), the index builder, index catch-up
+JOBS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("merge", {}),
+    ("merge", {"parallel": True}),
+    ("build_index", {}),
+    ("catch_up_indexes", {}),
+)
 
 
-def _loop(uri: str, options: dict[str, str] | None, job: str, stop: Any, errors: list[BaseException]) -> None:
+def _loop(
+    uri: str, options: dict[str, str] | None, job: tuple[str, dict[str, Any]], stop: Any, errors: list
+) -> None:
     table = mw.open_table(uri, storage_options=options)
+    name, kwargs = job
     while not stop.is_set():
         try:
-            getattr(table, job)()
+            getattr(table, name)(**kwargs)
         except CommitConflictError:
             pass  # a lost race: the next call retries
         except BaseException as e:  # noqa: BLE001 - reported by the test
@@ -244,7 +253,7 @@ def test_random_interleavings_threads(table_uri, table_storage_options, monkeypa
     _finish(work, oracle)
 
 
-def _loop_process(uri: str, job: str, stop: Any, queue: Any) -> None:
+def _loop_process(uri: str, job: tuple[str, dict[str, Any]], stop: Any, queue: Any) -> None:
     errors: list[BaseException] = []
     _loop(uri, None, job, stop, errors)
     queue.put(repr(errors[0]) if errors else None)
@@ -272,3 +281,12 @@ def test_random_interleavings_processes(tmp_path):
     assert outcomes == [None] * len(procs)
     assert all(p.exitcode == 0 for p in procs)
     _finish(work, oracle)
+
+
+def test_a_corrupt_lease_is_a_typed_error(tmp_path):
+    table = _with_generations(str(tmp_path / "t"), None, n=1).table
+    table.storage.put(f"{entry_lease.LEASE_DIR}/{1:020d}.json", b"{not json")
+    with pytest.raises(CorruptManifestError):
+        entry_lease.current(table.storage)
+    with pytest.raises(CorruptManifestError):
+        table.merge()
