@@ -97,7 +97,7 @@ def current(storage: Storage) -> Lease | None:
             body = json.loads(raw)
             return Lease(epochs[-1], str(body["holder"]), int(body["expires_ms"]), bool(body["released"]))
         except (ValueError, KeyError, TypeError) as e:
-            raise CorruptManifestError(f"entry lease {_path(epochs[-1])} cannot be decoded: {e}") from e
+            raise CorruptManifestError(f"entry lease cannot be decoded ({e})", _path(epochs[-1])) from e
 
 
 def fence(uri: str, storage_options: dict[str, str] | None) -> int:
