@@ -8,11 +8,11 @@ index says `maintain_all_indexes`, else `maintained_indexes` that exist):
    built from, never more (a build that Lance rebases over a later merge claims only the older one);
 2. **records what is missing**: at the latest base version `V`, an index whose bitmaps cover every
    fragment of `V` covers every row merged so far, so its catch-up may claim the merge progress of
-   `V` (`merger.merge_progress`: the maximum over recent versions, as a rebased builder commit can
-   show older progress while the rows stay in the base). Regions whose claim exceeds the recorded
-   catch-up are raised through `memwal_index.replace_details` (three-way merge: concurrent merge
-   progress, configuration and other indexes' catch-up are kept; a concurrent change to the same
-   index's catch-up raises `CommitConflictError`). Lance clamps each region to its merged generation.
+   `V` (`merger.merge_progress`; no earlier version recorded more, see `entry_lease`). Regions whose
+   claim exceeds the recorded catch-up are raised through `memwal_index.replace_details` (three-way
+   merge: concurrent merge progress, configuration and other indexes' catch-up are kept; a
+   concurrent change to the same index's catch-up raises `CommitConflictError`). Lance clamps each
+   region to its merged generation.
    This covers the cases Lance leaves behind: merges that added no fragments (tombstones only), an
    index built before the merge progress it covers existed, a catch-up commit that lost a race.
 

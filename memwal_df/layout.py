@@ -5,6 +5,7 @@ _mem_wal/{region_uuid}/manifest/{bitrev64(version)}.binpb   region manifest vers
 _mem_wal/{region_uuid}/manifest/version_hint.json            {"version":N}
 _mem_wal/{region_uuid}/wal/{bitrev64(position)}.arrow         WAL entries (from 1)
 _mem_wal/{region_uuid}/{hex8}_gen_{g}/                        flushed generation (a Lance table)
+_mem_wal/_entry_lease/{epoch:020}.json                        MemWAL index-entry writer lease
 ```
 Bit-reversed names spread sequential numbers across the key space (S3 partitions).
 """
@@ -15,6 +16,7 @@ import re
 import uuid
 
 MEM_WAL_DIR = "_mem_wal"
+ENTRY_LEASE_DIR = f"{MEM_WAL_DIR}/_entry_lease"  # not a region: region_ids() skips non-UUID names
 MANIFEST_DIR = "manifest"
 WAL_DIR = "wal"
 VERSION_HINT = "version_hint.json"

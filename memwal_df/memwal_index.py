@@ -33,6 +33,7 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 from lance.dataset import Index, LanceOperation
 
+from memwal_df import entry_lease
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     CommitConflictError,
@@ -737,19 +738,24 @@ def replace_details(
     """Commit `details`, derived from the index at `read_version`, as a new MemWAL entry (new uuid,
     `dataset_version` = the version committed); returns that version.
 
+    The commit runs inside `entry_lease.exclusive` (lease + fence): no merge commit can land between
+    our read of the latest details and our commit, so the committed version never shows less merge
+    progress than the version before it (see `memwal_df/entry_lease.py`). Each call commits two
+    versions: the fence, then the entry.
+
     Re-reads and merges, never blindly overwrites: if the table moved past `read_version`, our
     changes are three-way merged onto the latest details (see `_merge_details`: per field, per
     region's merged generation, per index's catch-up entry; concurrent merge progress is never
     lowered) and anything else both sides changed raises `CommitConflictError` before anything is
     written. Without concurrency `details` is committed as given (it may lower or drop entries).
 
-    Lance rebases a `CreateIndex` over a concurrent merge commit without a conflict, which would
-    drop that merge's `compacted_sstables`; so when the commit lands later than planned, the
-    concurrent changes are merged back in a repair commit (a reader of the version in between sees
-    the older merge progress). A conflicting change found only then is restored to
-    the concurrent writer's value and reported with `CommitConflictError`. Two concurrent
-    `replace_details` (or `initialize`) calls conflict in Lance: the loser gets `CommitConflictError`.
-    Raises `TableNotFoundError` when `read_version` or the latest version has no MemWAL index.
+    Lance still rebases our `CreateIndex` over commits the fence does not hold back (an index build,
+    a merger's delete pass, or a writer that does not follow the lease protocol); what such a commit
+    changed in the entry (catch-up recorded by an index build) is merged back in a repair commit. A
+    conflicting change found only then is restored to the concurrent writer's value and reported
+    with `CommitConflictError`. Two concurrent `replace_details` (or `initialize`) calls serialize
+    on the lease. Raises `TableNotFoundError` when `read_version` or the latest version has no
+    MemWAL index.
 
     Lance itself normalises `index_catchup` when it commits the entry: it keeps entries only for
     indexes the table has, clamps each region's generation to that region's `compacted_sstables`
@@ -759,12 +765,25 @@ def replace_details(
     _, at_read = _details_at(storage, read_version)
     if at_read is None:
         raise TableNotFoundError(f"version {read_version} of {uri} has no MemWAL index")
+    with entry_lease.exclusive(storage, uri, storage_options):
+        return _replace_fenced(storage, uri, at_read[0], details, read_version, storage_options)
+
+
+def _replace_fenced(
+    storage: Storage,
+    uri: str,
+    at_read: pb.MemWalIndexDetails,
+    details: pb.MemWalIndexDetails,
+    read_version: int,
+    storage_options: dict[str, str] | None,
+) -> int:
+    """`replace_details` once the lease is held and the fence committed."""
     version, current = _details_at(storage, None)
     if current is None:
         raise TableNotFoundError(f"the latest version ({version}) of {uri} has no MemWAL index")
     ours = details
     if version != read_version:
-        ours, conflicts = _merge_details(at_read[0], details, current[0], prefer_theirs=False)
+        ours, conflicts = _merge_details(at_read, details, current[0], prefer_theirs=False)
         if conflicts:
             raise CommitConflictError(
                 f"MemWAL details changed concurrently since version {read_version}: {', '.join(conflicts)}"

@@ -9,15 +9,19 @@ ascending order. One generation is at most two Lance commits:
    `mark_sstables_as_compacted([(region, generation)])`: the data and the progress commit atomically.
 
 Guarantees:
-- Merge progress never goes backwards and no generation is merged twice: before each generation the
-  merger reads progress as the maximum over the newest `PROGRESS_LOOKBACK` base versions (a concurrent
-  index-builder commit can be rebased by Lance into a version showing older progress, see
-  `docs/spec-notes.md`), and Lance refuses a marker that is not above the recorded one ("Stale SSTable
-  compaction"), which the merger takes as "another merger got there first": it reloads and goes on.
+- Merge progress never goes backwards and no generation is merged twice or after a newer one: each
+  pass commits from a pinned base version `R` at which the generation is unmerged, without Lance's
+  conflict retries (Lance would re-execute it on a newer version, past that check); pass 2 first waits
+  until no MemWAL index-entry writer holds the entry lease (`entry_lease.admit`). Index-entry commits
+  then never lower progress (see `memwal_df/entry_lease.py`), so progress at `R` is the highest any
+  version recorded, and Lance's "Stale SSTable compaction" check (marker not above the newest
+  recorded one) makes a marker commit the first and only one for its generation. The merger takes
+  "Stale" as "another merger got there first" and goes on; a lost race pins a new version and checks
+  again.
 - A crash after pass 1 leaves the base without rows the unmerged generation deletes anyway (readers
   see the same rows); the next merge repeats pass 1 (a no-op) and commits pass 2. A crash after pass 2
-  is a completed merge. Pass 1 is never re-executed by Lance against a newer version (retries are
-  off): a conflicting commit makes the merger re-read progress and start the generation over.
+  is a completed merge. Pass 1 deletes only rows of `R`, all from generations below this one, so it
+  never deletes a key a later generation re-inserted.
 - Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
   commits); the generations of one region always merge one after the other. Off by default: on the
   2-core bench machine parallel regions were 2-3x slower than serial (`bench/merge.py`), the
@@ -26,6 +30,8 @@ Guarantees:
 
 from __future__ import annotations
 
+import random
+import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,14 +41,14 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
+from lance.dataset import MergeInsertBuilder
 from lance.mem_wal import CompactedSsTable
 
-from memwal_df import layout, memwal_index
+from memwal_df import entry_lease, layout, memwal_index
 from memwal_df.errors import (
     CommitConflictError,
     InvalidConfigError,
     MissingGenerationError,
-    TableNotFoundError,
 )
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.storage import Storage
@@ -51,8 +57,8 @@ if TYPE_CHECKING:
     from memwal_df.table import Table
 
 TOMBSTONE = "_tombstone"
-PROGRESS_LOOKBACK = 16  # base versions read for merge progress (a rebased builder commit can lower one)
-MAX_ATTEMPTS = 20  # tries per generation when pass 1 keeps losing races
+MAX_ATTEMPTS = 50  # tries per generation when its commits keep losing races (each loss: another commit)
+_BACKOFF = (0.005, 0.5)  # seconds: first and longest cap of the random wait after a lost race
 _STALE_MARKER = "Stale SSTable compaction"
 LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
 _PARALLEL_REGIONS = 8
@@ -87,23 +93,13 @@ class MergeResult:
         return sum(r.rows_upserted + r.rows_deleted for r in self.regions)
 
 
-def merge_progress(
-    storage: Storage, lookback: int = PROGRESS_LOOKBACK, version: int | None = None
-) -> dict[uuid.UUID, int]:
-    """Region -> merged generation: the maximum over the `lookback` base versions up to `version`
-    (default: the latest)."""
-    latest = memwal_index.latest_version(storage) if version is None else version
-    out: dict[uuid.UUID, int] = {}
-    for version in range(latest, max(0, latest - lookback), -1):
-        try:
-            found = memwal_index.read_details(storage.uri, storage.storage_options or None, version)
-        except TableNotFoundError:
-            break  # older versions were cleaned up
-        if found is None:
-            continue
-        for region, gen in memwal_index.merged_generations(found[0]).items():
-            out[region] = max(out.get(region, 0), gen)
-    return out
+def merge_progress(storage: Storage, version: int | None = None) -> dict[uuid.UUID, int]:
+    """Region -> merged generation recorded at base `version` (default: the latest).
+
+    Entry writers never lower it (`entry_lease`), so it is also the highest progress any earlier
+    version recorded."""
+    found = memwal_index.read_details(storage.uri, storage.storage_options or None, version)
+    return memwal_index.merged_generations(found[0]) if found else {}
 
 
 def merge(
@@ -134,6 +130,11 @@ def merge(
     return MergeResult(done, table.dataset.version)
 
 
+def _backoff(attempt: int) -> None:
+    """Sleep a random time up to an exponentially growing cap: racing mergers spread out."""
+    time.sleep(random.uniform(0, min(_BACKOFF[1], _BACKOFF[0] * 2**attempt)))
+
+
 class _Merger:
     def __init__(self, table: Table, max_generations: int | None) -> None:
         self.storage = table.storage
@@ -158,36 +159,50 @@ class _Merger:
             deleted += counts[1]
         return RegionMerge(region_id, tuple(merged), tuple(skipped), upserted, deleted)
 
-    def _merged(self, region_id: uuid.UUID, gen: int) -> bool:
-        return merge_progress(self.storage).get(region_id, 0) >= gen
+    def _merged(self, region_id: uuid.UUID, gen: int, version: int | None = None) -> bool:
+        return merge_progress(self.storage, version).get(region_id, 0) >= gen
 
     def _generation(self, region_id: uuid.UUID, gen: int, path: str) -> tuple[int, int] | None:
-        """Merge one generation: (rows upserted, tombstones applied), or None if already merged."""
-        for _ in range(MAX_ATTEMPTS):
-            if self._merged(region_id, gen):
+        """Merge one generation: (rows upserted, tombstones applied), or None if already merged.
+
+        Each pass commits from a pinned base version at which the generation is still unmerged, with
+        Lance's conflict retries off; a lost race pins the latest version and checks again."""
+        rows: tuple[pa.Table, pa.Table] | None = None
+        deleted = False
+        for attempt in range(MAX_ATTEMPTS):
+            ds = self._dataset()
+            if self._merged(region_id, gen, ds.version):
                 return None
-            try:
-                live, dead = self._read(path)
-            except MissingGenerationError:
-                if self._merged(region_id, gen):  # merged and garbage-collected meanwhile
-                    return None
-                raise
-            if dead.num_rows and not self._delete(dead):
-                continue  # lost a race: re-read progress
-            try:
-                (
-                    self._dataset()
-                    .merge_insert(self.pk)
+            if rows is None:
+                try:
+                    rows = self._read(path, ds.schema)
+                except MissingGenerationError:
+                    if self._merged(region_id, gen):  # merged and garbage-collected meanwhile
+                        return None
+                    raise
+            live, dead = rows
+            if dead.num_rows and not deleted:
+                # At this version no generation >= gen is merged, so every matched row is older.
+                deleted = self._commit(ds.merge_insert(self.pk).when_matched_delete(), dead)
+                if deleted:
+                    continue  # pass 2 pins a version after our own commit
+            elif not entry_lease.admit(self.storage, self.uri, self.options):
+                continue  # an index-entry writer was committing: pin a version after it
+            else:
+                upsert = (
+                    ds.merge_insert(self.pk)
                     .when_matched_update_all()
                     .when_not_matched_insert_all()
                     .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
-                    .execute(live)
                 )
-            except OSError as e:
-                if _STALE_MARKER in str(e):
-                    return None  # another merger recorded this generation (or a later one)
-                raise
-            return live.num_rows, dead.num_rows
+                try:
+                    if self._commit(upsert, live):
+                        return live.num_rows, dead.num_rows
+                except OSError as e:
+                    if _STALE_MARKER in str(e):
+                        return None  # another merger recorded this generation (or a later one)
+                    raise
+            _backoff(attempt)  # lost a commit race
         raise CommitConflictError(
             f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
         )
@@ -195,24 +210,25 @@ class _Merger:
     def _dataset(self) -> lance.LanceDataset:
         return lance.dataset(self.uri, storage_options=self.options)
 
-    def _read(self, path: str) -> tuple[pa.Table, pa.Table]:
-        """(live rows, tombstones) of a generation, cast to the base schema, without `_tombstone`."""
+    def _read(self, path: str, base: pa.Schema) -> tuple[pa.Table, pa.Table]:
+        """(live rows, tombstones) of a generation, cast to `base`, without `_tombstone`."""
         try:
             rows = lance.dataset(self.storage.child_uri(path), storage_options=self.options).to_table()
         except (ValueError, OSError) as e:
             raise MissingGenerationError(f"flushed generation {path} cannot be read: {e}") from e
-        base = self._dataset().schema
         dead = pc.fill_null(rows.column(TOMBSTONE), False)
         rows = rows.drop_columns([TOMBSTONE])
         rows = rows.cast(pa.schema([base.field(n) for n in rows.column_names]))
         return rows.filter(pc.invert(dead)), rows.filter(dead)
 
-    def _delete(self, tombstones: pa.Table) -> bool:
-        """Pass 1: delete the base rows of these keys; False if the commit lost a race."""
+    @staticmethod
+    def _commit(builder: MergeInsertBuilder, source: pa.Table) -> bool:
+        """Execute a merge_insert from its pinned version without Lance's retries (Lance would
+        re-execute it on a newer version, past our checks); False if the commit lost a race."""
         try:
-            self._dataset().merge_insert(self.pk).when_matched_delete().conflict_retries(0).execute(
-                tombstones
-            )
+            builder.conflict_retries(0).execute(source)
+        except lance.commit.CommitConflictError:
+            return False
         except OSError as e:
             if any(m in str(e) for m in LOST_RACE):
                 return False

@@ -222,10 +222,22 @@ class Table:
         stop: threading.Event | None = None,
         max_rounds: int | None = None,
         grace: timedelta = _gc.DEFAULT_GRACE,
+        version_retention: timedelta | None = _maintain.DEFAULT_VERSION_RETENTION,
+        keep_versions: int | None = None,
     ) -> list[_maintain.Round]:
-        """Run merge, index build, index catch-up and GC every `interval` seconds until `stop` is set
-        or `max_rounds` rounds ran, logging and retrying failed jobs; see `memwal_df.maintain`."""
-        return _maintain.maintain(self, interval=interval, stop=stop, max_rounds=max_rounds, grace=grace)
+        """Run merge, index build, index catch-up, cleanup of base versions older than
+        `version_retention` (None: keep all) but the newest `keep_versions`, and GC every `interval`
+        seconds until `stop` is set or `max_rounds` rounds ran, logging and retrying failed jobs; see
+        `memwal_df.maintain`."""
+        return _maintain.maintain(
+            self,
+            interval=interval,
+            stop=stop,
+            max_rounds=max_rounds,
+            grace=grace,
+            version_retention=version_retention,
+            keep_versions=keep_versions,
+        )
 
     def region_status(self, region_id: uuid.UUID) -> RegionStatus | None:
         m = RegionManifestStore(self.storage, region_id).latest()

@@ -16,6 +16,7 @@ from typing import Any
 
 import lance
 import pyarrow as pa
+from merge_helper import flushed_generations
 from reference import _apply
 
 import memwal_df as mw
@@ -154,3 +155,63 @@ def assert_catchup_covered(table: Table) -> None:
                     f"version {version}: {name} claims generation {gen} of {region}, fragment "
                     f"{f.fragment_id} holding it is not indexed"
                 )
+
+
+class VersionOracle:
+    """Checks the merge history at every retained base version: merge progress never goes back, and
+    the base holds exactly the initial rows plus, per region, generations 1..merged applied in order
+    (so no generation was merged twice or after a newer one); the only other state allowed is the
+    tombstone pass of a region's next generation (committed before its marker).
+
+    Generation contents are cached when first read (they are immutable); GC must not remove one
+    before this oracle has seen it."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.options = table.storage_options or None
+        first = lance.dataset(table.uri, version=1, storage_options=self.options)
+        self.initial = {r["id"]: r for r in first.to_table().to_pylist()}
+        self.generations: dict[tuple[uuid.UUID, int], list[dict[str, Any]]] = {}
+
+    def _rows(self, region_id: uuid.UUID, gen: int) -> list[dict[str, Any]]:
+        if (region_id, gen) not in self.generations:
+            for g, path in flushed_generations(self.table, region_id):
+                if (region_id, g) not in self.generations:
+                    uri = self.table.storage.child_uri(path)
+                    rows = lance.dataset(uri, storage_options=self.options).to_table().to_pylist()
+                    self.generations[(region_id, g)] = rows
+        return self.generations.get((region_id, gen), [])
+
+    def expected(self, progress: dict[uuid.UUID, int]) -> tuple[dict[Any, dict[str, Any]], set[Any]]:
+        """(base rows merge progress `progress` stands for, keys the next generations' tombstone
+        passes may already have deleted)."""
+        model = dict(self.initial)
+        pending: set[Any] = set()
+        for region_id in self.table.region_ids():
+            merged = progress.get(region_id, 0)
+            for gen in range(1, merged + 1):
+                _apply(model, self._rows(region_id, gen), ("id",))
+            pending |= {r["id"] for r in self._rows(region_id, merged + 1) if r.get("_tombstone")}
+        return model, pending
+
+    def check(self) -> int:
+        """Check every retained base version; returns how many were checked."""
+        ds = lance.dataset(self.table.uri, storage_options=self.options)
+        versions = sorted(v["version"] for v in ds.versions())
+        last: dict[uuid.UUID, int] = {}
+        for version in versions:
+            found = memwal_index.read_details(self.table.uri, self.options, version)
+            progress = memwal_index.merged_generations(found[0]) if found else {}
+            for region, gen in last.items():
+                assert progress.get(region, 0) >= gen, (
+                    f"version {version}: merge progress of {region} went back"
+                )
+            last = progress
+            model, pending = self.expected(progress)
+            base = {r["id"]: r for r in ds.checkout_version(version).to_table().to_pylist()}
+            for key in base.keys() | model.keys():
+                if key in pending:
+                    assert base.get(key) in (model.get(key), None), f"version {version}: key {key}"
+                else:
+                    assert base.get(key) == model.get(key), f"version {version}: key {key}"
+        return len(versions)

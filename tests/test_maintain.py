@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from merge_helper import flushed_generations
 
 import memwal_df as mw
-from memwal_df import memwal_index
+from memwal_df import layout, memwal_index
 from memwal_df.errors import CommitConflictError, InvalidConfigError
 from memwal_df.maintain import run_round
 
@@ -59,7 +59,8 @@ def test_rounds_merge_build_catch_up_and_collect(tmp_path):
     rounds = table.maintain(interval=0, max_rounds=2, grace=ZERO)
     assert [r.number for r in rounds] == [1, 2] and all(not r.errors for r in rounds)
     first = rounds[0].results
-    assert set(first) == {"merge", "build_index", "catch_up_indexes", "gc"}
+    assert set(first) == {"merge", "build_index", "catch_up_indexes", "cleanup_versions", "gc"}
+    assert first["cleanup_versions"].old_versions == 0  # the default retention is a day
     assert first["merge"].generations and first["build_index"].regions == 2
     merged = _merged(table)
     assert merged == {r: flushed_generations(table, r)[-1][0] for r in table.region_ids()}
@@ -99,7 +100,12 @@ def test_a_failing_job_is_logged_and_the_others_still_run(caplog):
 
 def test_maintain_stops_when_asked_and_checks_arguments(tmp_path):
     table = create(str(tmp_path / "t"), None, regions=1)
-    for bad in ({"interval": -1}, {"max_rounds": 0}):
+    for bad in (
+        {"interval": -1},
+        {"max_rounds": 0},
+        {"version_retention": timedelta(seconds=-1)},
+        {"keep_versions": 0},
+    ):
         with pytest.raises(InvalidConfigError):
             table.maintain(**bad)
     stop = threading.Event()
@@ -120,12 +126,58 @@ def test_command_line_entry_point(tmp_path):
         work.generation(w)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "memwal_df", "maintain", table.uri, "--interval", "0", "--rounds", "1"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+    retention = ["--version-retention", "0", "--keep-versions", "2"]
+    done = subprocess.run(cmd + retention, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert "round 1: merge done" in done.stderr and "round 1: gc done" in done.stderr
+    assert "round 1: cleanup_versions done" in done.stderr
+    assert len(lance.dataset(table.uri).versions()) == 2
     assert all(g for g in _merged(table).values()) and rows_at(table) == work.model
     bad = subprocess.run([*cmd[:3], "nope"], capture_output=True, env=env, timeout=60, check=False)
     assert bad.returncode == 2
+
+
+def _footprint(table: mw.Table) -> tuple[int, int]:
+    """(generation directories, WAL entry files) over every region, as listed on storage."""
+    gens = wal = 0
+    for region_id in table.region_ids():
+        names = table.storage.list_dir(layout.region_dir(region_id))
+        gens += sum(1 for n in names if layout.parse_generation_dir_name(n))
+        if layout.WAL_DIR in names:
+            wal += len(table.storage.list_dir(f"{layout.region_dir(region_id)}/{layout.WAL_DIR}"))
+    return gens, wal
+
+
+def test_version_retention_keeps_a_long_run_bounded(tmp_path):
+    """Round after round of writes: with a retention the loop removes base versions, so GC frees the
+    merged generations and their WAL files (the footprint stays bounded); without one it never does.
+    Readers of the latest version and time travel to every retained version stay exact."""
+    tables = {keep: create(str(tmp_path / str(keep)), None, regions=2) for keep in (4, None)}
+    works = {keep: Workload(t, seed=43) for keep, t in tables.items()}
+    footprints: dict = {keep: [] for keep in tables}
+    for _ in range(12):
+        for keep, table in tables.items():
+            with table.writer() as w:
+                works[keep].generation(w)
+            retention = None if keep is None else ZERO
+            (done,) = table.maintain(
+                interval=0, max_rounds=1, grace=ZERO, version_retention=retention, keep_versions=keep
+            )
+            assert not done.errors, done.errors
+            footprints[keep].append(_footprint(table))
+            assert rows_at(table) == works[keep].model
+        kept = tables[4]
+        assert len(kept.dataset.versions()) == 4
+        every_version_reads(kept, works[4].model)
+    bounded, unbounded = footprints[4], footprints[None]
+    assert unbounded[-1][0] >= 20 and unbounded[-1][1] >= 40  # every generation and WAL entry stays
+    # at most the newest generation of each region (what the oldest retained version still reads)
+    # and its WAL entries (a put and a delete each) remain
+    assert all(g <= 2 and w <= 4 for g, w in bounded)
+    assert unbounded[-1][0] == sum(
+        len(flushed_generations(tables[None], r)) for r in tables[None].region_ids()
+    )
+    assert_monotonic(progress_history(tables[4]))
 
 
 # ------------------------------------------------------------------------------------------------

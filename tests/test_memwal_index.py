@@ -590,12 +590,12 @@ def test_replace_details(tmp_path: Path) -> None:
     progress = details.index_catchup.add(index_name="id_idx")
     progress.caught_up_generations.add(shard_id=pb.UUID(uuid=shard.bytes), generation=2)
     details.snapshot_ts_millis = 1234
-    version = mi.replace_details(uri, details, 4)
-    assert version == 5 == lance.dataset(uri).version
+    version = mi.replace_details(uri, details, 4)  # v5: the entry lease's fence
+    assert version == 6 == lance.dataset(uri).version
     got, meta2 = mi.read_details(uri)
     assert got == details
     assert mi.index_catchup(got) == {"id_idx": {shard: 2}}
-    assert meta2.uuid != meta.uuid and meta2.dataset_version == 5
+    assert meta2.uuid != meta.uuid and meta2.dataset_version == 6
     assert meta2.index_details.value == mi.encode_details(details)
     assert meta2.fragment_bitmap == bytes.fromhex("3a30000000000000")
     assert lance.dataset(uri).mem_wal_index_details()["num_shards"] == 1
@@ -627,7 +627,7 @@ def test_replace_details_merges_concurrent_merge_progress(tmp_path: Path) -> Non
     details.compacted_sstables.add(shard_id=pb.UUID(uuid=a.bytes), generation=2)  # stale knowledge
     details.compacted_sstables.add(shard_id=pb.UUID(uuid=b.bytes), generation=1)
     version = mi.replace_details(uri, details, 2)
-    assert version == 4
+    assert version == 5  # after the fence (v4)
     got, _ = mi.read_details(uri)
     assert got.snapshot_ts_millis == 99
     assert mi.merged_generations(got) == {a: 5, b: 1}
@@ -644,7 +644,7 @@ def test_replace_details_conflicts(tmp_path: Path) -> None:
     second = pb.MemWalIndexDetails()
     second.CopyFrom(details)
     second.snapshot_ts_millis = 2
-    assert mi.replace_details(uri, first, 2) == 3
+    assert mi.replace_details(uri, first, 2) == 4  # v3: the fence
     with pytest.raises(CommitConflictError):
         mi.replace_details(uri, second, 2)
     # a change to another field merges
@@ -652,7 +652,7 @@ def test_replace_details_conflicts(tmp_path: Path) -> None:
     third.CopyFrom(details)
     third.maintained_indexes.append("i")
     third.maintain_all_indexes = False
-    assert mi.replace_details(uri, third, 2) == 4
+    assert mi.replace_details(uri, third, 2) == 7  # the conflicting call's fence took v5
     got, _ = mi.read_details(uri)
     assert got.snapshot_ts_millis == 1 and list(got.maintained_indexes) == ["i"]
     with pytest.raises(TableNotFoundError):
@@ -660,30 +660,33 @@ def test_replace_details_conflicts(tmp_path: Path) -> None:
 
 
 def test_replace_details_repairs_a_rebased_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A merge that commits between our read of the latest version and our commit: Lance rebases our
-    CreateIndex over it without a conflict (dropping its merge progress); we put it back."""
+    """A merge by a writer that ignores the entry lease, committed between our read of the latest
+    version and our commit: Lance rebases our CreateIndex over it without a conflict (dropping its
+    merge progress); we put it back in a repair commit."""
     uri = make_table(tmp_path / "t")
     details, _ = native(uri, unsharded=True)
     shard = uuid.uuid4()
     real_commit = lance.LanceDataset.commit
-    calls: list[object] = []
+    calls: list[tuple[str, object]] = []
 
     def racing_commit(*args: object, **kwargs: object) -> lance.LanceDataset:
-        calls.append(kwargs.get("read_version"))
-        if len(calls) == 1:
-            _merge(uri, shard, 7)  # lands first, at version 3
+        kind = type(args[1]).__name__
+        calls.append((kind, kwargs.get("read_version")))
+        if kind == "CreateIndex" and len(calls) == 2:
+            _merge(uri, shard, 7)  # lands first, at version 4
         return real_commit(*args, **kwargs)
 
     monkeypatch.setattr(lance.LanceDataset, "commit", staticmethod(racing_commit))
     details.snapshot_ts_millis = 5
     version = mi.replace_details(uri, details, 2)
-    assert calls == [2, 4]  # the rebased commit (v4), then the repair on top of it
-    assert version == 5
+    # the fence (v3), the rebased commit (v5), then the repair on top of it
+    assert calls == [("Merge", 2), ("CreateIndex", 3), ("CreateIndex", 5)]
+    assert version == 6
     got, meta = mi.read_details(uri)
     assert got.snapshot_ts_millis == 5
     assert mi.merged_generations(got) == {shard: 7}
-    assert meta.dataset_version == 5
-    assert not mi.merged_generations(mi.read_details(uri, version=4)[0])  # the window a reader could see
+    assert meta.dataset_version == 6
+    assert not mi.merged_generations(mi.read_details(uri, version=5)[0])  # the window a reader could see
 
 
 def test_replace_details_keeps_concurrent_index_catchup(tmp_path: Path) -> None:
@@ -841,7 +844,7 @@ def test_both_backends(table_uri: str, table_storage_options: dict[str, str] | N
     assert mi.merged_generations(details) == {shard: 2}
     assert mi.latest_version(open_storage(table_uri, opts)) == 3
     details.snapshot_ts_millis = 42
-    assert mi.replace_details(table_uri, details, 3, opts) == 4
+    assert mi.replace_details(table_uri, details, 3, opts) == 5  # v4: the entry lease's fence
     assert mi.read_details(table_uri, opts)[0] == details
     assert mi.read_details(table_uri, opts, version=2)[0].num_shards == 4
 

@@ -96,9 +96,10 @@ def test_crash_after_the_delete_pass_then_a_new_merger(tmp_path):
     work = _with_generations(str(tmp_path / "t"), None, 2, seed=3)
     table = work.table
     region = next(r for r in table.region_ids() if _has_tombstones(table, r, 1))
-    crashed = merger._Merger(table, None)
-    live, dead = crashed._read(dict(flushed_generations(table, region))[1])
-    assert dead.num_rows and crashed._delete(dead)  # pass 1 committed, pass 2 never ran
+    ds = lance.dataset(table.uri)
+    _, dead = merger._Merger(table, None)._read(dict(flushed_generations(table, region))[1], ds.schema)
+    assert dead.num_rows and merger._Merger._commit(ds.merge_insert("id").when_matched_delete(), dead)
+    # pass 1 committed, pass 2 never ran
     assert merged_generation(table, region) == 0
     assert stored_rows(table) == work.model  # the unmerged generation still hides the deleted keys
     table.merge()
@@ -108,7 +109,7 @@ def test_crash_after_the_delete_pass_then_a_new_merger(tmp_path):
 
 def _has_tombstones(table: mw.Table, region: uuid.UUID, gen: int) -> bool:
     path = dict(flushed_generations(table, region))[gen]
-    return merger._Merger(table, None)._read(path)[1].num_rows > 0
+    return merger._Merger(table, None)._read(path, table.dataset.schema)[1].num_rows > 0
 
 
 def test_crash_after_commit_is_not_merged_again(tmp_path):

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from memwal_df import gc as _gc
+from memwal_df import maintain as _maintain
 from memwal_df.cli import _common as c
 from memwal_df.errors import InvalidArgumentError
 
@@ -83,6 +84,13 @@ def add_maintain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds (default 60)")
     p.add_argument("--rounds", type=int, default=None, help="stop after this many rounds")
     _grace(p)
+    p.add_argument(
+        "--version-retention",
+        type=float,
+        default=_maintain.DEFAULT_VERSION_RETENTION.total_seconds(),
+        help="remove base versions older than this many seconds each round (default %(default).0f)",
+    )
+    p.add_argument("--keep-versions", type=int, default=None, help="but always keep this many newest")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
     c.add_json(p)
     p.set_defaults(run=run_maintain)
@@ -150,6 +158,8 @@ def _recover_text(r: dict[str, Any]) -> str:
 def run_maintain(args: argparse.Namespace) -> int:
     if args.interval < 0 or args.grace < 0 or (args.rounds is not None and args.rounds < 1):
         raise InvalidArgumentError("need --interval >= 0, --grace >= 0 and --rounds >= 1")
+    if args.version_retention < 0 or (args.keep_versions is not None and args.keep_versions < 1):
+        raise InvalidArgumentError("need --version-retention >= 0 and --keep-versions >= 1")
     level = logging.WARNING if args.quiet or args.json else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     table = c.table_of(args)
@@ -160,7 +170,12 @@ def run_maintain(args: argparse.Namespace) -> int:
             handlers[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         rounds = table.maintain(
-            interval=args.interval, stop=stop, max_rounds=args.rounds, grace=timedelta(seconds=args.grace)
+            interval=args.interval,
+            stop=stop,
+            max_rounds=args.rounds,
+            grace=timedelta(seconds=args.grace),
+            version_retention=timedelta(seconds=args.version_retention),
+            keep_versions=args.keep_versions,
         )
     finally:
         for sig, handler in handlers.items():
