@@ -28,11 +28,11 @@ def session(
     """Get or create a Spark session for memwal jobs, with the data source registered.
 
     Binds the driver to 127.0.0.1, runs no UI, sends Python work to this interpreter
-    (`PYSPARK_PYTHON` / `PYSPARK_DRIVER_PYTHON` = `sys.executable`), enables Arrow transfers and
-    uses few shuffle partitions. `local[2,4]` is local mode with 2 threads that retries a failed task
-    up to 4 times, as a cluster does (plain `local[2]` fails the job on the first task failure).
-    On a cluster pass its `master` and settings in `conf`; the Python of the executors is then
-    the cluster's (`spark.pyspark.python`), not changed here."""
+    (`PYSPARK_PYTHON` / `PYSPARK_DRIVER_PYTHON` = `sys.executable`), enables Arrow transfers, uses
+    few shuffle partitions and logs errors only. `local[2,4]` is local mode with 2 threads that
+    retries a failed task up to 4 times, as a cluster does (plain `local[2]` fails the job on the
+    first task failure). On a cluster pass its `master` and settings in `conf`; the Python of the
+    executors is then the cluster's (`spark.pyspark.python`), not changed here."""
     if master.startswith("local"):  # workers are this machine's: this interpreter, loopback only
         os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
         os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -40,6 +40,7 @@ def session(
     for key, value in {**LOCAL_SETTINGS, **(conf or {})}.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
 

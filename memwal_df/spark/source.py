@@ -97,6 +97,11 @@ class MemWalDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
         if overwrite:
             raise InvalidConfigError('the "memwal" data source only appends (upserts): use mode("append")')
+        if ROUTE not in schema.names:
+            raise RegionRoutingError(
+                "rows are not routed: write with memwal_df.spark.write(df, uri) "
+                "(or memwal_df.spark.route(df, table) before df.write.format('memwal'))"
+            )
         return MemWalWriter(TableRef.from_options(self.options), self.options)
 
 
@@ -188,11 +193,6 @@ class MemWalWriter(DataSourceArrowWriter):
         rows = 0
         with table.writer(durable=self.durable) as writer:
             for batch in iterator:
-                if ROUTE not in batch.schema.names:
-                    raise RegionRoutingError(
-                        "rows are not routed: write with memwal_df.spark.write(df, uri) "
-                        "(or memwal_df.spark.route(df, table) before df.write.format('memwal'))"
-                    )
                 data = pa.Table.from_batches([batch.drop_columns([ROUTE])])
                 if self.operation == "delete":
                     writer.delete(data)
