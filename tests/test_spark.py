@@ -398,3 +398,40 @@ def test_dates_and_timestamps_round_trip(spark, tmp_path):
     want = data.to_pylist()
     assert mw.MemWalTable(uri).to_table().sort_by("id").to_pylist() == want
     assert spark_rows(spark, uri).sort_by("id").to_pylist() == want  # the session's time zone is not applied
+
+
+def test_only_filters_with_the_same_meaning_in_arrow_are_pushed():
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, LessThan, Not, StringStartsWith
+
+    from memwal_df.spark.filters import to_expression
+
+    schema = pa.schema([("id", pa.int32()), ("s", pa.string()), ("f", pa.float64()), ("d", pa.date32())])
+    data = pa.table(
+        {
+            "id": pa.array([1, 2, None, 2**31 - 1], pa.int32()),
+            "s": ["a", None, "b", "a"],
+            "f": [1.0, float("nan"), 0.5, None],
+            "d": [dt.date(2020, 1, 1), None, dt.date(1960, 5, 5), dt.date(2020, 1, 2)],
+        }
+    )
+    pushed = {
+        EqualTo(("s",), "a"): [1, 2**31 - 1],
+        GreaterThan(("id",), 1): [2, 2**31 - 1],
+        Not(LessThan(("d",), dt.date(2020, 1, 2))): [2**31 - 1],
+        In(("id",), (2, 7)): [2],
+        IsNull(("s",)): [2],
+    }
+    for f, ids in pushed.items():
+        expression = to_expression(f, schema)
+        assert expression is not None, f
+        assert data.filter(expression).column("id").to_pylist() == ids, f
+    left_to_spark = [
+        EqualTo(("f",), 1.0),  # NaN semantics differ
+        EqualTo(("id",), 2**40),  # does not fit the column
+        EqualTo(("id",), "1"),  # another type
+        In(("id",), (1, None)),
+        StringStartsWith(("s",), "a"),
+        EqualTo(("missing",), 1),
+        Not(EqualTo(("f",), 1.0)),
+    ]
+    assert all(to_expression(f, schema) is None for f in left_to_spark)
