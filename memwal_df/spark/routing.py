@@ -38,10 +38,8 @@ _HADD = 0xE6546B64
 _INT_TYPES = (pa.types.is_int8, pa.types.is_int16, pa.types.is_int32, pa.types.is_date32, pa.types.is_boolean)
 
 
-def _hashed_as(t: pa.DataType | None) -> str | None:
+def _hashed_as(t: pa.DataType) -> str | None:
     """The hash kind ("int" or "long") of types whose Lance hash is expressible in Spark, else None."""
-    if t is None:
-        return None
     if any(test(t) for test in _INT_TYPES):
         return "int"
     if pa.types.is_int64(t):
