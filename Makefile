@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow test-s3 demo bench protos lint clean
+.PHONY: test test-slow test-spark test-s3 demo bench bench-spark protos lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q -e '.[test,dev,spark,bench]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -20,18 +20,21 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# The Spark suite (local[2], Java 17); the stamp installs every extra (spark, bench's matplotlib).
+test-spark: $(STAMP)
+	$(BIN)/python -m pytest -q -m spark
+
 # Lance 14 logs a harmless "ERROR lance::index ... __lance_mem_wal has no fields" on every merge
 # (docs/operations.md); the demo hides that one logger unless LANCE_LOG is set.
 demo: $(STAMP)
 	LANCE_LOG="$${LANCE_LOG-error,lance::index=off}" $(BIN)/python examples/demo.py
 
 # make bench: quick sizes; FULL=1 for the reference workload; BENCH_ARGS="--only write,read" etc.
-$(VENV)/.bench-installed: $(STAMP)
-	$(BIN)/pip install -q -e '.[test,dev,bench]'
-	touch $@
-
-bench: $(VENV)/.bench-installed
+bench: $(STAMP)
 	$(BIN)/python bench/report.py $(if $(FULL),--full) $(BENCH_ARGS)
+
+bench-spark: $(STAMP)
+	$(BIN)/python bench/spark.py
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

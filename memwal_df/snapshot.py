@@ -450,3 +450,55 @@ def _writer_memtables(
 def _writer_manifests(writer: TableWriter | RegionWriter | None) -> list[pb.ShardManifest]:
     """The latest manifest each of the writer's region writers committed or loaded."""
     return [w.manifest for w in _region_writers(writer)]
+
+
+@dataclass(frozen=True)
+class PinnedSnapshot:
+    """A durable-levels snapshot as plain data (picklable), to plan the same query in other
+    processes: the base version and, per region, (region id, spec id, values, unmerged generations
+    newest first, merged generations still listed), each generation as (number, path)."""
+
+    base_version: int
+    regions: tuple[
+        tuple[
+            uuid.UUID, int, tuple[Any, ...] | None, tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]
+        ],
+        ...,
+    ]
+
+
+def pin(snapshot: ReadSnapshot) -> PinnedSnapshot:
+    """`snapshot` as plain data; MemTable levels cannot be pinned (they live in one process)."""
+    if any(lv.kind != "generation" for lv in snapshot.levels):
+        raise InvalidConfigError("a snapshot with MemTable levels cannot be pinned")
+
+    def gens(levels: list[Level]) -> tuple[tuple[int, str], ...]:
+        return tuple((lv.generation, lv.path or "") for lv in levels)
+
+    return PinnedSnapshot(
+        snapshot.base.version,
+        tuple((r.region_id, r.spec_id, r.values, gens(r.levels), gens(r.merged)) for r in snapshot.regions),
+    )
+
+
+def restore(table: Table, pinned: PinnedSnapshot) -> ReadSnapshot:
+    """The `ReadSnapshot` that `pin` described, opened through `table` (same table, any process)."""
+    table.sync()
+    if table.dataset.version == pinned.base_version:
+        base, details = table.dataset, table.details
+    else:
+        options = table.storage_options or None
+        base = lance.dataset(table.uri, version=pinned.base_version, storage_options=options)
+        found = memwal_index.read_details(table.uri, options, version=pinned.base_version)
+        if found is None:
+            raise InvalidConfigError(f"base version {pinned.base_version} has no MemWAL index")
+        details = found[0]
+
+    def levels(region_id: uuid.UUID, gens: tuple[tuple[int, str], ...]) -> list[Level]:
+        return [Level("generation", region_id, g, table.storage, path=p) for g, p in gens]
+
+    regions = [
+        RegionLevels(rid, spec_id, values, levels(rid, unmerged), levels(rid, merged))
+        for rid, spec_id, values, unmerged, merged in pinned.regions
+    ]
+    return ReadSnapshot(table.schema, base, details, regions, "latest", table.storage)

@@ -139,11 +139,7 @@ class TableWriter:
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
         """(region values, rows) groups of `table`, rows in their input order within each group."""
         values = self.spec.evaluate(table, self.table.schema.field_ids)
-        codes = np.zeros(table.num_rows, dtype=np.int64)
-        for v in values:  # one int64 code per distinct value tuple (mixed radix over the fields)
-            encoded = pc.dictionary_encode(v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
-            idx = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
-            codes = codes * (len(encoded.dictionary) + 1) + idx
+        codes = value_codes(values, table.num_rows)
         order = np.argsort(codes, kind="stable")
         sorted_codes = codes[order]
         starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
@@ -152,6 +148,22 @@ class TableWriter:
         out = []
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
             row = int(order[start])
-            key = tuple(v[row].as_py() for v in values)
+            key = region_of_row(values, row)
             out.append((key, grouped.slice(start, end - start)))
         return out
+
+
+def value_codes(values: list[pa.Array], num_rows: int) -> np.ndarray:
+    """One int64 code per row, equal for two rows exactly when their region value tuples are equal
+    (mixed radix over the fields' dictionary indices; NULL is a value of its own)."""
+    codes = np.zeros(num_rows, dtype=np.int64)
+    for v in values:
+        encoded = pc.dictionary_encode(v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
+        idx = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+        codes = codes * (len(encoded.dictionary) + 1) + idx
+    return codes
+
+
+def region_of_row(values: list[pa.Array], row: int) -> tuple[Any, ...]:
+    """The region values of one row, as `Table.routed_writer` takes them."""
+    return tuple(v[row].as_py() for v in values)

@@ -1,0 +1,121 @@
+"""Spark pipeline benchmark: ingest and read rows/s through Spark next to the single-process peers.
+
+On the DESIGN.md section 7 data (id, category, value, text, vec float32x64; 4 bucket regions), in one
+run and on the same disk:
+
+* ingest: `--rows` upserts (half updates of base keys, half new keys) into a table whose base holds
+  `--base` rows, (a) through Spark, `memwal_df.spark.write` (routing, shuffle, one task per region,
+  durable writes, a flush per region at the end), and (b) through one process's `TableWriter`
+  (durable, `--batch`-row puts, closed at the end). The Spark DataFrame is cached and counted before
+  the clock starts, so neither side pays for producing its input; both end with everything flushed.
+* read: every live row of the ingested table (base + unmerged generations, all columns), (a) through
+  `spark.read.format("memwal")` into Spark's no-op sink and (b) through `MemWalTable` with DataFusion
+  (`SELECT *`), read back fully.
+
+Spark runs as `local[2]` (the machine has 2 cores); its per-job overhead (planning, Python workers,
+shuffle) is part of what it measures. No timing is asserted: the script reports, with ratios
+between figures of the same run.
+
+    python bench/spark.py --small            # base 20k, 20k upserts
+    python bench/spark.py                    # base 100k, 100k upserts
+    python bench/spark.py --json bench/results/spark.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import datafusion
+import pyarrow as pa
+from _workload import NUM_REGIONS, git_state, make_workload, scratch_root
+
+import memwal_df as mw
+from memwal_df import spark as mws
+
+
+def spark_frame(spark, table: pa.Table):
+    """`table` as a cached Spark DataFrame (vectors as array<float>), materialized."""
+    columns = [
+        c.cast(pa.list_(c.type.value_type)) if pa.types.is_fixed_size_list(c.type) else c
+        for c in table.columns
+    ]
+    df = spark.createDataFrame(pa.Table.from_arrays(columns, names=table.column_names)).cache()
+    df.count()
+    return df
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small", action="store_true")
+    p.add_argument("--base", type=int, default=100_000)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--batch", type=int, default=10_000, help="TableWriter put size (Spark's Arrow batch)")
+    p.add_argument("--dir", default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if args.small:
+        args.base, args.rows = 20_000, 20_000
+    work = make_workload(args.base, args.rows, args.batch, singles=0)
+    upserts = pa.concat_tables(work.batches).combine_chunks()
+    root = scratch_root(args.dir, "spark-")
+    spark = mws.session(master="local[2]", conf={"spark.sql.execution.arrow.maxRecordsPerBatch": args.batch})
+    try:
+        uris = {}
+        for name in ("spark", "writer"):
+            uris[name] = str(root / name)
+            mw.create_table(uris[name], work.base, "id", region_spec=mw.bucket("id", NUM_REGIONS))
+        df = spark_frame(spark, upserts)
+
+        def python_ingest() -> None:
+            with mw.open_table(uris["writer"]).writer(durable=True) as w:
+                for batch in work.batches:
+                    w.put(batch)
+
+        ingest = {
+            "spark": timed(lambda: mws.write(df, uris["spark"])),
+            "writer": timed(python_ingest),
+        }
+        live = mw.MemWalTable(uris["spark"]).to_table(columns=["id"]).num_rows
+
+        def spark_read() -> None:
+            spark.read.format("memwal").load(uris["spark"]).write.format("noop").mode("overwrite").save()
+
+        def datafusion_read() -> None:
+            ctx = datafusion.SessionContext()
+            ctx.register_table("t", mw.MemWalTable(uris["spark"]))
+            assert ctx.sql("SELECT * FROM t").to_arrow_table().num_rows == live
+
+        read = {"spark": timed(spark_read), "memwaltable": timed(datafusion_read)}
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    result = {
+        "git": git_state(),
+        "base_rows": args.base,
+        "upsert_rows": args.rows,
+        "live_rows": live,
+        "ingest_rows_per_s": {k: args.rows / v for k, v in ingest.items()},
+        "ingest_spark_over_writer": ingest["writer"] / ingest["spark"],
+        "read_rows_per_s": {k: live / v for k, v in read.items()},
+        "read_spark_over_memwaltable": read["memwaltable"] / read["spark"],
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

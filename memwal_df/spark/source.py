@@ -1,0 +1,215 @@
+"""The "memwal" Spark data source: reads the durable levels of a table, writes routed rows.
+
+Options (both directions): `path` (the table URI, `load(uri)` / `save(uri)`) and `storage_options`
+(a JSON object of Lance-style storage options, e.g. S3 endpoint and keys).
+
+Read: the driver takes one snapshot of the durable levels (the base version and every region's
+latest manifest; no MemTables) and plans it with `memwal_df.planner.plan_scan`, as `MemWalTable`
+does: region pruning from the pushed filters, one partition per region with unmerged generations
+(deduplicated newest first) and per span of the base table (anti-joined against the newer levels).
+Each Spark task re-plans the pinned snapshot (`memwal_df.snapshot.pin` / `restore`) and runs its
+partition's operator tree. Pushed filters (`memwal_df.spark.filters`) are applied exactly, after
+deduplication. Option `base_partitions` (default: this machine's cores) sets the base spans.
+
+Write (mode "append"): rows must come routed by `memwal_df.spark.route` (column `__memwal_region`,
+one partition per region); `memwal_df.spark.write` / `delete` do that. Each task writes its rows
+through a `TableWriter` (which routes them again, exactly): it claims each of its regions, which
+fences every earlier writer of that region, including a failed or still running attempt of the
+same task; it writes durably (option `durable`, default true: one WAL entry per batch and region)
+and flushes and closes every region at the end, so a finished task's rows are in flushed
+generations. A failed attempt's durable writes are replayed by the retry, which writes the same
+rows again (upserts and deletes are idempotent). Option `operation` = "upsert" (default) or
+"delete" (rows are primary keys).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    Filter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from memwal_df.errors import InvalidConfigError, RegionRoutingError
+from memwal_df.planner import Partition, plan_scan
+from memwal_df.predicate import column_predicates
+from memwal_df.snapshot import PinnedSnapshot, pin, restore, take_snapshot
+from memwal_df.spark.filters import conjunction, to_expression
+from memwal_df.spark.routing import ROUTE
+from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
+from memwal_df.table import Table, open_table
+
+OPERATIONS = ("upsert", "delete")
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """Where a table is, as data a task can open it from."""
+
+    uri: str
+    storage_options: dict[str, str] | None
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> TableRef:
+        uri = options.get("path")
+        if not uri:
+            raise InvalidConfigError('the "memwal" data source needs a table URI: load(uri) / save(uri)')
+        raw = options.get("storage_options")
+        try:
+            storage = json.loads(raw) if raw else None
+        except json.JSONDecodeError as e:
+            raise InvalidConfigError(f"storage_options is not a JSON object: {e}") from e
+        if storage is not None and not isinstance(storage, dict):
+            raise InvalidConfigError("storage_options must be a JSON object")
+        return cls(uri, storage)
+
+    def open(self) -> Table:
+        return open_table(self.uri, self.storage_options)
+
+
+class MemWalDataSource(DataSource):
+    """`spark.read.format("memwal").load(uri)` and routed `df.write.format("memwal")`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "memwal"
+
+    def schema(self) -> StructType:
+        return spark_schema(TableRef.from_options(self.options).open().schema.schema)
+
+    def reader(self, schema: StructType) -> MemWalReader:
+        return MemWalReader(TableRef.from_options(self.options), schema, self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
+        if overwrite:
+            raise InvalidConfigError('the "memwal" data source only appends (upserts): use mode("append")')
+        if ROUTE not in schema.names:
+            raise RegionRoutingError(
+                "rows are not routed: write with memwal_df.spark.write(df, uri) "
+                "(or memwal_df.spark.route(df, table) before df.write.format('memwal'))"
+            )
+        return MemWalWriter(TableRef.from_options(self.options), self.options)
+
+
+# ------------------------------------------------------------------------------------------ read
+
+
+class ScanPartition(InputPartition):
+    """Partition `index` of the scan plan of `snapshot` under `filter` (labelled `label`)."""
+
+    def __init__(
+        self, index: int, label: str, snapshot: PinnedSnapshot, filter: pc.Expression | None, spans: int
+    ) -> None:
+        super().__init__(index)
+        self.index, self.label, self.snapshot, self.filter, self.spans = index, label, snapshot, filter, spans
+
+
+def plan(table: Table, snapshot: Any, filter: pc.Expression | None, spans: int) -> list[Partition]:
+    """The scan plan `MemWalTable` makes for this snapshot and filter (`spans` base partitions)."""
+    predicates = column_predicates(filter) if filter is not None else {}
+    return plan_scan(snapshot, table.specs, filter, predicates, partitions=spans)
+
+
+class MemWalReader(DataSourceReader):
+    def __init__(self, ref: TableRef, schema: StructType, options: dict[str, str]) -> None:
+        self.ref = ref
+        self.columns = [f.name for f in schema.fields]
+        self.arrow_schema = arrow_schema_for_spark(schema)
+        self.spans = int(options.get("base_partitions") or os.cpu_count() or 1)
+        if self.spans < 1:
+            raise InvalidConfigError(f"base_partitions must be >= 1, got {self.spans}")
+        self.pushed: list[pc.Expression] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Take every filter `to_expression` can express (applied exactly); yield the others."""
+        table_schema = self.ref.open().schema.schema
+        for f in filters:
+            expression = to_expression(f, table_schema)
+            if expression is None:
+                yield f
+            else:
+                self.pushed.append(expression)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        table = self.ref.open()
+        snapshot = take_snapshot(table, "latest")
+        filter = conjunction(self.pushed)
+        pinned = pin(snapshot)
+        return [
+            ScanPartition(i, p.label, pinned, filter, self.spans)
+            for i, p in enumerate(plan(table, snapshot, filter, self.spans))
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ScanPartition)
+        table = self.ref.open()
+        partitions = plan(table, restore(table, partition.snapshot), partition.filter, partition.spans)
+        if partition.index >= len(partitions) or partitions[partition.index].label != partition.label:
+            raise InvalidConfigError(f"the pinned snapshot planned differently in a task ({partition.label})")
+        node = partitions[partition.index].make(self.columns)
+        for batch in node.execute():
+            if batch.num_rows:
+                yield to_spark_batch(batch, self.arrow_schema)
+
+
+# ----------------------------------------------------------------------------------------- write
+
+
+@dataclass(frozen=True)
+class WriteReport(WriterCommitMessage):
+    """What one task wrote: region id -> the epoch it wrote with, and the row count."""
+
+    partition: int
+    attempt: int
+    regions: dict[uuid.UUID, int]
+    rows: int
+
+
+class MemWalWriter(DataSourceArrowWriter):
+    def __init__(self, ref: TableRef, options: dict[str, str]) -> None:
+        self.ref = ref
+        self.operation = options.get("operation", "upsert")
+        if self.operation not in OPERATIONS:
+            raise InvalidConfigError(f"operation must be one of {OPERATIONS}, got {self.operation!r}")
+        self.durable = options.get("durable", "true").lower() != "false"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
+        """Write this task's rows (see the module docstring); the task's regions are flushed at the end."""
+        table = self.ref.open()
+        rows = 0
+        with table.writer(durable=self.durable) as writer:
+            for batch in iterator:
+                data = pa.Table.from_batches([batch.drop_columns([ROUTE])])
+                if self.operation == "delete":
+                    writer.delete(data)
+                else:
+                    writer.put(data)
+                rows += batch.num_rows
+            regions = {rid: w.epoch for rid, w in writer.writers.items()}
+        ctx = TaskContext.get()
+        return WriteReport(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0, regions, rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to publish: every task flushed its regions before reporting (per-region
+        durability, as `TableWriter`; a job is not atomic across regions)."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The job failed: claim every region whose WAL holds unflushed entries (`Table.recover`),
+        which fences any attempt of this job still running and flushes what failed attempts wrote
+        durably, so the table shows a settled state (rows of finished tasks and failed attempts'
+        durable writes; a re-run of the job writes the rest)."""
+        self.ref.open().recover()

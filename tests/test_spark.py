@@ -1,0 +1,437 @@
+"""The Spark pipeline (`memwal_df.spark`), on one local[2] session: ingest and read back against a
+dict model and the row-by-row oracle, routing equal to the Python writer's, reads concurrent with a
+Spark ingest, Spark merge equal to `table.merge()`, a task killed mid-write, filters and pruning,
+vectors both ways. Run with `make test-spark` (`pytest -m spark`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+import pathlib
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from reference import model_rows, stored_rows
+
+import memwal_df as mw
+from memwal_df.errors import RegionRoutingError, SchemaMismatchError
+from memwal_df.wal import Wal
+from memwal_df.writer import region_of_row
+
+pytest.importorskip("pyspark")
+
+from memwal_df import spark as mws  # noqa: E402
+from memwal_df.spark.source import MemWalDataSource, MemWalWriter, TableRef  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+DIM = 4
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("category", pa.string()),
+        ("value", pa.float64()),
+        ("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = mws.session(master="local[2,4]")
+    yield session
+    session.stop()
+
+
+def rows(ids: Any, step: int) -> pa.Table:
+    """Rows for `ids` whose values depend on `step` (so an update is visible)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    vec = np.repeat((ids * 10 + step).astype(np.float32)[:, None], DIM, axis=1) + np.arange(
+        DIM, dtype=np.float32
+    )
+    return pa.table(
+        {
+            "id": ids,
+            "category": pa.array([f"c{(i + step) % 5}" for i in ids.tolist()]),
+            "value": pa.array(np.where(ids % 7 == 0, np.nan, ids * 1.5 + step)).to_pylist(),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+def to_spark(spark, table: pa.Table):
+    """A Spark DataFrame of `table` (vectors as Spark arrays, as users have them)."""
+    columns = [
+        c.cast(pa.list_(pa.float32())) if pa.types.is_fixed_size_list(c.type) else c for c in table.columns
+    ]
+    return spark.createDataFrame(pa.Table.from_arrays(columns, names=table.column_names))
+
+
+def normalized(data: pa.Table | list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """Key -> row with vectors as lists of floats and NaN as a comparable marker."""
+    out = {}
+    for k, r in model_rows(data, ("id",)).items():
+        r = dict(r)
+        if r.get("vec") is not None:
+            r["vec"] = [float(x) for x in r["vec"]]
+        if isinstance(r.get("value"), float) and r["value"] != r["value"]:
+            r["value"] = "NaN"
+        out[k] = r
+    return out
+
+
+def spark_rows(spark, uri: str, options: dict[str, str] | None = None, where: str | None = None):
+    reader = spark.read.format("memwal")
+    if options:
+        import json
+
+        reader = reader.option("storage_options", json.dumps(options))
+    df = reader.load(uri)
+    if where is not None:
+        df = df.where(where)
+    return df.toArrow()
+
+
+# ------------------------------------------------------------------------------ ingest and read
+
+
+def test_ingest_then_read_back_equals_the_model(spark, table_uri, table_storage_options):
+    table = mw.create_table(
+        table_uri,
+        rows(range(0, 300, 3), 0),
+        "id",
+        region_spec=mw.bucket("id", 4),
+        storage_options=table_storage_options,
+    )
+    model = normalized(rows(range(0, 300, 3), 0))
+    first, second = rows(range(0, 2000), 1), rows(range(1000, 2500, 2), 2)
+    mws.write(to_spark(spark, first), table_uri, table_storage_options)
+    mws.write(to_spark(spark, second), table_uri, table_storage_options)
+    dead = pa.table({"id": pa.array(list(range(0, 2500, 11)), pa.int64())})
+    mws.delete(spark.createDataFrame(dead), table_uri, table_storage_options)
+    for batch in (first, second):
+        model.update(normalized(batch))
+    for k in dead.column("id").to_pylist():
+        model.pop(k, None)
+
+    got = spark_rows(spark, table_uri, table_storage_options)
+    assert got.schema.field("vec").type == pa.list_(pa.float32())
+    assert got.num_rows == len(model)
+    assert normalized(got) == model
+    assert normalized(list(stored_rows(table).values())) == model  # the row-by-row oracle
+    assert normalized(mw.MemWalTable(table_uri, table_storage_options).to_table()) == model
+    regions = table.status()["regions"]
+    assert len(regions) == 4 and all(r.flushed_generations for r in regions)
+
+
+def test_unrouted_rows_and_overwrite_are_refused(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, SCHEMA, "id", region_spec=mw.bucket("id", 4))
+    df = to_spark(spark, rows(range(10), 0))
+    with pytest.raises(Exception, match="not routed"):
+        df.write.format("memwal").mode("append").save(uri)
+    with pytest.raises(Exception, match="only appends"):
+        mws.route(df, mw.open_table(uri)).write.format("memwal").mode("overwrite").save(uri)
+    with pytest.raises(SchemaMismatchError):
+        mws.delete(df.select("id", "category"), uri)  # not key columns only
+    assert mw.MemWalTable(uri).to_table().num_rows == 0
+    by_category = mw.create_table(str(tmp_path / "c"), SCHEMA, "id", region_spec=mw.identity("category"))
+    with pytest.raises(RegionRoutingError, match="non-key columns"):
+        mws.delete(df.select("id"), by_category)
+
+
+# ------------------------------------------------------------------------------ routing
+
+
+def routing_data(n: int = 3000) -> pa.Table:
+    rng = np.random.default_rng(7)
+    ids = np.concatenate(
+        [
+            rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64),
+            [0, -1, 1, 2**63 - 1, -(2**63), 2**31, -(2**31)],
+        ]
+    )
+    m = len(ids)
+    small = rng.integers(-(2**31), 2**31 - 1, m).astype(np.int32)
+    ts = rng.integers(0, 4_000_000_000_000_000, m)  # microseconds, 1970..2096
+    return pa.table(
+        {
+            "id": ids,
+            "i32": pa.array(small, mask=rng.random(m) < 0.1),
+            "i16": pa.array(rng.integers(-(2**15), 2**15 - 1, m).astype(np.int16)),
+            "flag": pa.array(rng.random(m) < 0.5),
+            "day": pa.array(rng.integers(-20000, 40000, m).astype(np.int32)).cast(pa.date32()),
+            "name": pa.array([f"näme-{x % 997}-{'x' * int(x % 13)}" for x in small.tolist()]),
+            "ts": pa.array(ts, pa.timestamp("us")),
+        }
+    )
+
+
+SPECS = {
+    "bucket_int64": mw.bucket("id", 16),
+    "bucket_int32_nulls": mw.bucket("i32", 7),
+    "bucket_int16": mw.bucket("i16", 5),
+    "bucket_bool": mw.bucket("flag", 3),
+    "bucket_date": mw.bucket("day", 11),
+    "multi_bucket": mw.multi_bucket(["i32", "id"], 13),
+    "bucket_string": mw.bucket("name", 9),
+    "identity": mw.identity("i16"),
+    "truncate": mw.truncate("name", 6),
+    "year": mw.year("ts"),
+    "month": mw.month("ts"),
+    "day_of_month": mw.day("ts"),
+    "hour": mw.hour("ts"),
+    "expression": mw.expression("col0 % 10", ["id"], pa.int64()),
+    "two_fields": mw.bucket("id", 4, field_id="b") + mw.identity("flag", field_id="f"),
+    "unsharded": mw.unsharded(),
+}
+
+
+def test_spark_routing_equals_the_writers_routing(spark, tmp_path):
+    data = routing_data()
+    df = spark.createDataFrame(data)
+    for name, spec in SPECS.items():
+        table = mw.create_table(str(tmp_path / name), data.schema, "id", region_spec=spec)
+        routed = mws.route(df, table).select("id", mws.ROUTE).toArrow()
+        by_id = dict(zip(routed.column("id").to_pylist(), routed.column(mws.ROUTE).to_pylist(), strict=True))
+        assert len(by_id) == data.num_rows, name
+        values = table.spec.evaluate(data, table.schema.field_ids)
+        python_regions = [table.region_id_for(region_of_row(values, i)) for i in range(data.num_rows)]
+        spark_routes = [by_id[k] for k in data.column("id").to_pylist()]
+        # the same region <=> the same route value: one task gets all rows of a region
+        pairs = set(zip(spark_routes, python_regions, strict=True))
+        assert len({r for r, _ in pairs}) == len(pairs) == len({p for _, p in pairs}), name
+        if name.startswith(("bucket_", "multi_bucket")) and name != "bucket_string":
+            assert spark_routes == values[0].to_pylist(), name  # computed as a Spark expression
+        elif name != "unsharded":
+            assert spark_routes == [str(r) for r in python_regions], name  # mapInArrow
+
+
+# ------------------------------------------------------------------------------ concurrency
+
+
+def test_memwaltable_reads_during_a_spark_ingest_see_whole_regions(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table = mw.create_table(uri, rows(range(3000), 0), "id", region_spec=mw.bucket("id", 4))
+    old, new = normalized(rows(range(3000), 0)), normalized(rows(range(0, 6000, 2), 1))
+    after = {**old, **new}
+    region_of = {}
+    keys = pa.table({"id": pa.array(list(after), pa.int64())})
+    for k, v in zip(after, table.spec.evaluate(keys, table.schema.field_ids)[0].to_pylist(), strict=True):
+        region_of[k] = v
+    stop, reads, errors = threading.Event(), [], []
+
+    def reader() -> None:
+        reader_table = mw.MemWalTable(uri)
+        while not stop.wait(0.05):
+            try:
+                reads.append(normalized(reader_table.to_table()))
+            except Exception as e:  # reported below
+                errors.append(e)
+                return
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        mws.write(to_spark(spark, rows(range(0, 6000, 2), 1)), uri)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+    reads.append(normalized(mw.MemWalTable(uri).to_table()))
+    assert reads[-1] == after
+    for seen in reads:
+        for region in range(4):  # each region is flushed once, at its task's end: all old or all new
+            part = {k: r for k, r in seen.items() if region_of[k] == region}
+            want_old = {k: r for k, r in old.items() if region_of[k] == region}
+            want_new = {k: r for k, r in after.items() if region_of[k] == region}
+            assert part in (want_old, want_new)
+
+
+# ------------------------------------------------------------------------------ merge
+
+
+def write_history(table: mw.Table) -> None:
+    with table.writer() as w:
+        for step in range(1, 4):
+            w.put(rows(range(step * 100, step * 100 + 400), step))
+            w.delete(pa.table({"id": pa.array(list(range(step * 50, step * 50 + 40)), pa.int64())}))
+            w.flush()
+
+
+def test_spark_merge_equals_table_merge(spark, tmp_path):
+    tables = [
+        mw.create_table(str(tmp_path / n), rows(range(0, 500, 2), 0), "id", region_spec=mw.bucket("id", 4))
+        for n in ("spark", "python")
+    ]
+    for t in tables:
+        write_history(t)
+    before = normalized(mw.MemWalTable(tables[0]).to_table())
+    by_spark = mws.merge(spark, tables[0].uri)
+    by_python = tables[1].merge()
+
+    def summary(result):
+        return {(r.region_id, r.generations, r.rows_upserted, r.rows_deleted) for r in result.regions}
+
+    assert summary(by_spark) == summary(by_python)
+    assert all(r.generations == (1, 2, 3) for r in by_spark.regions)
+    for t in tables:
+        t.refresh()
+        assert normalized(t.dataset.to_table()) == before  # everything merged into the base
+        assert normalized(mw.MemWalTable(t).to_table()) == before
+    assert mws.merge(spark, tables[0].uri).generations == {}  # nothing left: a no-op
+
+
+# ------------------------------------------------------------------------------ failures
+
+
+def test_a_task_killed_mid_write_leaves_the_table_correct(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table = mw.create_table(uri, rows(range(100), 0), "id", region_spec=mw.bucket("id", 2))
+    marker = str(tmp_path / "killed")
+
+    class KilledOnce(MemWalWriter):
+        def write(self, iterator):
+            def batches():
+                for i, batch in enumerate(iterator):
+                    if i == 1:  # batch 0 is in the WAL (durable put): die while writing
+                        try:
+                            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+                        except FileExistsError:
+                            pass  # another task died already: this one writes
+                        else:
+                            os._exit(1)
+                    yield batch
+
+            return super().write(batches())
+
+    class KillingSource(MemWalDataSource):
+        @classmethod
+        def name(cls):
+            return "memwal_killed_once"
+
+        def writer(self, schema, overwrite):
+            return KilledOnce(TableRef.from_options(self.options), self.options)
+
+    spark.dataSource.register(KillingSource)
+    data = rows(range(50, 4050), 1)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "200")
+    try:
+        routed = mws.route(to_spark(spark, data), table)
+        routed.write.format("memwal_killed_once").mode("append").save(uri)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert os.path.exists(marker)
+    model = {**normalized(rows(range(100), 0)), **normalized(data)}
+    assert normalized(mw.MemWalTable(uri).to_table()) == model
+    assert normalized(list(stored_rows(table).values())) == model
+    # the killed attempt claimed a region (epoch 1) and wrote to its WAL; the retry fenced it
+    retried = [r for r in table.status()["regions"] if r.writer_epoch >= 2]
+    assert retried
+    entries = [e for r in retried for e in Wal(table.storage, r.region_id).scan(1)]
+    assert any(e.writer_epoch == 1 and not e.is_sentinel and e.num_rows for e in entries)
+
+
+# ------------------------------------------------------------------------------ filters and pruning
+
+
+def test_filters_are_exact_after_dedup_and_prune_regions(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    base = rows(range(1000), 0)
+    table = mw.create_table(uri, base, "id", region_spec=mw.bucket("id", 4))
+    newer = rows(range(0, 1000, 3), 1)  # categories shift by one: the base's match is stale
+    with table.writer() as w:
+        w.put(newer)
+        w.delete(pa.table({"id": pa.array(list(range(0, 1000, 10)), pa.int64())}))
+    model = {**normalized(base), **normalized(newer)}
+    for k in range(0, 1000, 10):
+        model.pop(k, None)
+    checks = {
+        "category = 'c1'": lambda r: r["category"] == "c1",
+        "id = 5": lambda r: r["id"] == 5,
+        "id IN (3, 4, 5, 10, 999)": lambda r: r["id"] in (3, 4, 5, 10, 999),
+        "id >= 500 AND category <> 'c2'": lambda r: r["id"] >= 500 and r["category"] != "c2",
+        "NOT (id < 900)": lambda r: not r["id"] < 900,
+        "category IS NULL": lambda r: r["category"] is None,
+        # left to Spark, with Spark's semantics: NaN is above every number, and NaN = NaN
+        "value > 100.0": lambda r: r["value"] == "NaN" or r["value"] > 100.0,
+        "value = 'NaN'": lambda r: r["value"] == "NaN",
+    }
+    for where, keep in checks.items():
+        want = {k: r for k, r in model.items() if keep(r)}
+        assert normalized(spark_rows(spark, uri, where=where)) == want, where
+    full = spark.read.format("memwal").option("base_partitions", "1").load(uri)
+    point = full.where("id = 5")
+    assert full.rdd.getNumPartitions() == 4 + 1  # a partition per region with levels, one base span
+    assert point.rdd.getNumPartitions() == 1 + 1  # the other three regions are pruned
+
+
+# ------------------------------------------------------------------------------ example
+
+
+def test_the_spark_example_runs_and_checks_itself(spark, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("spark_ingest", EXAMPLES / "spark_ingest.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(str(tmp_path / "events"), spark) == 0
+    assert "read-back equals the model: OK" in capsys.readouterr().out
+
+
+def test_dates_and_timestamps_round_trip(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("id", pa.int32()), ("d", pa.date32()), ("ts", pa.timestamp("us"))])
+    mw.create_table(uri, schema, "id", region_spec=mw.day("d"))
+    data = pa.table(
+        {
+            "id": pa.array([1, 2, 3], pa.int32()),
+            "d": pa.array([dt.date(2024, 1, 31), dt.date(1969, 12, 31), None]),
+            "ts": pa.array([dt.datetime(2024, 1, 31, 23, 59, 59, 999999), None, dt.datetime(1970, 1, 1)]),
+        }
+    ).cast(schema)
+    mws.write(spark.createDataFrame(data), uri)
+    want = data.to_pylist()
+    assert mw.MemWalTable(uri).to_table().sort_by("id").to_pylist() == want
+    assert spark_rows(spark, uri).sort_by("id").to_pylist() == want  # the session's time zone is not applied
+
+
+def test_only_filters_with_the_same_meaning_in_arrow_are_pushed():
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, LessThan, Not, StringStartsWith
+
+    from memwal_df.spark.filters import to_expression
+
+    schema = pa.schema([("id", pa.int32()), ("s", pa.string()), ("f", pa.float64()), ("d", pa.date32())])
+    data = pa.table(
+        {
+            "id": pa.array([1, 2, None, 2**31 - 1], pa.int32()),
+            "s": ["a", None, "b", "a"],
+            "f": [1.0, float("nan"), 0.5, None],
+            "d": [dt.date(2020, 1, 1), None, dt.date(1960, 5, 5), dt.date(2020, 1, 2)],
+        }
+    )
+    pushed = {
+        EqualTo(("s",), "a"): [1, 2**31 - 1],
+        GreaterThan(("id",), 1): [2, 2**31 - 1],
+        Not(LessThan(("d",), dt.date(2020, 1, 2))): [2**31 - 1],
+        In(("id",), (2, 7)): [2],
+        IsNull(("s",)): [2],
+    }
+    for f, ids in pushed.items():
+        expression = to_expression(f, schema)
+        assert expression is not None, f
+        assert data.filter(expression).column("id").to_pylist() == ids, f
+    left_to_spark = [
+        EqualTo(("f",), 1.0),  # NaN semantics differ
+        EqualTo(("id",), 2**40),  # does not fit the column
+        EqualTo(("id",), "1"),  # another type
+        In(("id",), (1, None)),
+        StringStartsWith(("s",), "a"),
+        EqualTo(("missing",), 1),
+        Not(EqualTo(("f",), 1.0)),
+    ]
+    assert all(to_expression(f, schema) is None for f in left_to_spark)
