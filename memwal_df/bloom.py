@@ -310,7 +310,10 @@ def _encode_column(arr: pa.Array) -> tuple[np.ndarray, _Writer]:
 
 def _as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """One contiguous array, extension types unwrapped to their storage (arrow-rs sees the storage)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):  # combine_chunks copies even a single chunk
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        arr = column
     while isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
     return arr

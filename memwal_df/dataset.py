@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 _SET_OPERATIONS = frozenset({"and", "and_kleene", "or", "or_kleene"})
 
 
-def selects_keys_only(node: Node, key_schema: pa.Schema) -> bool:
+def selects_keys_only(node: Node | None, key_schema: pa.Schema) -> bool:
     """Whether a filter is built only of `key = literal` and `key IN (...)` (literals of the key
     column's type), AND and OR: a row then matches it exactly when its key is among the keys
     `key_lookups` derives from it, so a point lookup of those keys needs no filter on top."""
@@ -64,6 +64,24 @@ def selects_keys_only(node: Node, key_schema: pa.Schema) -> bool:
     if not isinstance(column, Field) or column.path or column.name not in key_schema.names:
         return False
     return found == key_schema.field(column.name).type
+
+
+def _decoded(filter: Any) -> Node | None:
+    """The pushed filter's tree (decoded once per query), None without one or when pyarrow cannot
+    serialize it (then no point lookup is planned)."""
+    if filter is None:
+        return None
+    try:
+        return decode(filter)
+    except ValueError:
+        return None
+
+
+def _key_table(keys: list[tuple[Any, ...]], key_schema: pa.Schema) -> pa.Table:
+    """Key tuples as a table of the key columns (built column by column, not row by row)."""
+    columns = list(zip(*keys, strict=True)) or [() for _ in key_schema]
+    arrays = [pa.array(c, f.type) for c, f in zip(columns, key_schema, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=key_schema)
 
 
 class _Scanner:
@@ -155,16 +173,23 @@ class MemWalTable(pds.Dataset):
             else:
                 return [Partition("no rows (the filter is never true)", lambda cols: UnionExec([]))]
         ts = self.table.schema
-        keys = key_lookups(filter, ts.primary_key)
+        node = _decoded(filter)
+        keys = key_lookups(node, ts.primary_key)
         if keys is None:
             snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
             return plan_scan(snapshot, self.table.specs, filter, column_predicates(filter))
-        key_table = pa.Table.from_pylist(
-            [dict(zip(ts.primary_key, k, strict=True)) for k in keys], schema=ts.key_schema
+        snapshot = take_snapshot(
+            self.table,
+            self.consistency,
+            self.writer,  # type: ignore[arg-type]
+            keys=_key_table(keys, ts.key_schema),
         )
-        snapshot = take_snapshot(self.table, self.consistency, self.writer, keys=key_table)  # type: ignore[arg-type]
+        # The snapshot holds the keys conformed and deduplicated: handing that very table on spares
+        # the plan both steps and its check that the snapshot was taken for them.
+        key_table = snapshot.lookup_keys
+        assert key_table is not None
         spec, field_ids = self.table.spec, snapshot.schema.field_ids  # as of the snapshot
-        if selects_keys_only(decode(filter), ts.key_schema):
+        if selects_keys_only(node, ts.key_schema):
 
             def lookup(columns: Sequence[str]) -> ExecNode:
                 return plan_point_lookup(snapshot, spec, field_ids, key_table, columns)

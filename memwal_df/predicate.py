@@ -130,39 +130,42 @@ Node = Field | Literal | Call
 # Decoding
 
 
+_U16, _U32, _I32 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<i")
+
+
 class _FlatBuffer:
     """Just enough of a flatbuffer reader for tables, vectors of tables and strings (bounds-checked)."""
 
     def __init__(self, buf: bytes) -> None:
         self.buf = buf
 
-    def _read(self, fmt: str, pos: int) -> int:
-        if pos < 0 or pos + struct.calcsize(fmt) > len(self.buf):
+    def _read(self, fmt: struct.Struct, pos: int) -> int:
+        if pos < 0 or pos + fmt.size > len(self.buf):
             raise ValueError("serialized Expression: flatbuffer offset out of bounds")
-        return struct.unpack_from(fmt, self.buf, pos)[0]
+        return fmt.unpack_from(self.buf, pos)[0]
 
     def _deref(self, pos: int) -> int:
-        return pos + self._read("<I", pos)
+        return pos + self._read(_U32, pos)
 
     def root(self) -> int:
         return self._deref(0)
 
     def field(self, table: int, index: int) -> int | None:
         """The position an offset-typed field points to, or None when the field is absent."""
-        vtable = table - self._read("<i", table)
+        vtable = table - self._read(_I32, table)
         slot = 4 + 2 * index
-        if slot + 2 > self._read("<H", vtable):
+        if slot + 2 > self._read(_U16, vtable):
             return None
-        off = self._read("<H", vtable + slot)
+        off = self._read(_U16, vtable + slot)
         return None if off == 0 else self._deref(table + off)
 
     def tables(self, vector: int) -> list[int]:
-        return [self._deref(vector + 4 + 4 * i) for i in range(self._read("<I", vector))]
+        return [self._deref(vector + 4 + 4 * i) for i in range(self._read(_U32, vector))]
 
     def string(self, pos: int | None) -> str:
         if pos is None:
             return ""
-        n = self._read("<I", pos)
+        n = self._read(_U32, pos)
         if pos + 4 + n > len(self.buf):
             raise ValueError("serialized Expression: flatbuffer string out of bounds")
         return self.buf[pos + 4 : pos + 4 + n].decode("utf-8")
@@ -489,9 +492,12 @@ class _TooMany(Exception):
     pass
 
 
-def key_lookups(expr: pc.Expression | None, primary_key: Sequence[str]) -> list[tuple[Any, ...]] | None:
+def key_lookups(
+    expr: pc.Expression | Node | None, primary_key: Sequence[str]
+) -> list[tuple[Any, ...]] | None:
     """The finite set of primary-key tuples (in `primary_key` order, deduplicated) that rows matching
-    `expr` can have, or None when the filter does not pin the key down.
+    `expr` (an Expression, or its `decode`d tree) can have, or None when the filter does not pin the
+    key down.
 
     Understands ``pk == x`` / ``x == pk``, ``is_in(pk, ...)`` (NULLs dropped: key columns are
     non-NULL), AND (intersection, so a composite key may be pinned by equalities and IN lists on its
@@ -505,7 +511,8 @@ def key_lookups(expr: pc.Expression | None, primary_key: Sequence[str]) -> list[
     if not pk or len(set(pk)) != len(pk):
         raise ValueError(f"bad primary key {primary_key!r}")
     try:
-        parts = _keys(decode(expr), frozenset(pk))
+        node = decode(expr) if isinstance(expr, pc.Expression) else expr
+        parts = _keys(node, frozenset(pk))
     except (ValueError, _TooMany):
         return None
     if parts is None or any(len(p) != len(pk) for p in parts):

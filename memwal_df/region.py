@@ -306,13 +306,20 @@ class RegionWriter:
             return  # tombstones carry only the key: a spec over other columns cannot be checked
         values = spec.evaluate(batch, self.ctx.schema.field_ids)
         for field, got, want in zip(spec.fields, values, expected, strict=True):
-            bad = got.is_null() if want is None else pc.fill_null(pc.not_equal(got, want), True)
-            if pc.any(bad).as_py():
-                row = pc.index(bad, True).as_py()
-                raise RegionRoutingError(
-                    f"row {row} belongs to region value {field.field_id}={got[row].as_py()!r}, "
-                    f"not to region {self.region_id} ({field.field_id}={want!r})"
-                )
+            if want is None:
+                if got.null_count == len(got):
+                    continue
+                bad = got.is_valid()
+            else:
+                same = pc.equal(got, want)  # NULL where `got` is NULL: not the region's value either
+                if same.true_count == len(same):
+                    continue  # every row belongs here: one compute call on the put path
+                bad = pc.invert(pc.fill_null(same, False))
+            row = pc.index(bad, True).as_py()
+            raise RegionRoutingError(
+                f"row {row} belongs to region value {field.field_id}={got[row].as_py()!r}, "
+                f"not to region {self.region_id} ({field.field_id}={want!r})"
+            )
 
     def _write(self, batch: pa.RecordBatch) -> None:
         with self._cond:

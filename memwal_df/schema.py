@@ -103,14 +103,16 @@ def conform(table: pa.Table, target: pa.Schema, what: str = "data") -> pa.Table:
     """`table` with exactly the columns of `target`, in its order and types."""
     if table.num_columns == 0 and table.num_rows == 0:  # an empty list of rows: nothing to write
         return target.empty_table()
-    extra = [n for n in table.column_names if n not in target.names]
+    names, target_names = table.column_names, set(target.names)
+    extra = [n for n in names if n not in target_names]
     if extra:
         raise SchemaMismatchError(f"{what} has columns that are not in the table: {extra}")
-    if len(set(table.column_names)) != len(table.column_names):
-        raise SchemaMismatchError(f"{what} has duplicate column names: {table.column_names}")
+    present = set(names)
+    if len(present) != len(names):
+        raise SchemaMismatchError(f"{what} has duplicate column names: {names}")
     columns = []
     for f in target:
-        if f.name not in table.column_names:
+        if f.name not in present:
             if not f.nullable:
                 raise SchemaMismatchError(f"{what} lacks the non-nullable column {f.name!r}")
             columns.append(pa.nulls(table.num_rows, f.type))

@@ -40,6 +40,7 @@ from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.bloom import BloomFilter
 from memwal_df.errors import InvalidConfigError, MissingGenerationError, NotFoundError
 from memwal_df.exec._cache import PerObjectCache
+from memwal_df.exec._keys import distinct_keys
 from memwal_df.exec.keyset import key_array
 from memwal_df.manifest import RegionManifestStore, region_id_of
 from memwal_df.predicate import referenced_columns, split_for_lance
@@ -229,8 +230,8 @@ class ReadSnapshot:
     """What one query reads.
 
     `lookup_keys` is set for a point-lookup snapshot (`take_snapshot(keys=...)`, conformed to the key
-    schema): `regions` then holds only the regions those keys can live in, so the snapshot answers
-    lookups of those keys only (`plan_point_lookup` checks)."""
+    schema, without NULL keys, each key once): `regions` then holds only the regions those keys can
+    live in, so the snapshot answers lookups of those keys only (`plan_point_lookup` checks)."""
 
     schema: TableSchema
     base: lance.LanceDataset
@@ -281,6 +282,7 @@ def take_snapshot(
     if keys is not None:
         ts = table.schema
         keys = conform(keys.select(list(ts.primary_key)), ts.key_schema, what="lookup keys")
+        keys = distinct_keys(keys, ts.primary_key)
     take = _take if consistency == "latest" else _take_indexed
     for _ in range(_MAX_PLANNING_ATTEMPTS):
         snapshot = take(table, writer, keys)
@@ -297,9 +299,9 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     merged = memwal_index.merged_generations(table.details)
     # MemTables first, manifests second: a MemTable flushed in between is then seen twice (as a
     # MemTable and as a generation, same rows), never not at all.
-    memtables = _writer_memtables(writer)
-    ids = table.region_ids()
     wanted = _region_selector(table, keys)
+    memtables = _writer_memtables(writer, wanted)
+    ids = table.region_ids()
     if wanted is not None:
         ids = [r for r in ids if (known := table.known_region(r)) is None or wanted(*known)]
     storage = table.storage
@@ -331,12 +333,14 @@ _LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = Pe
 
 
 def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
-    """The region's latest manifest. A manifest read before (`known`) that no version of the next
-    probe batch follows is still the latest, and is returned without reading the hint or the file
-    again: versions are written once each, in order (the probe `RegionManifestStore.latest` makes)."""
+    """The region's latest manifest. A manifest read before (`known`, version v) is still the latest
+    when v still exists and v + 1 does not, and is then returned without reading the hint or the file
+    again: versions are committed one after another (v + 1 only by a writer that read v), and garbage
+    collection deletes old versions in ascending order, so a newer version would leave v + 1 in place
+    or v gone. (Probing only past v would miss a region whose next versions were all collected.)"""
     if known is not None:
-        following = range(known.version + 1, known.version + 1 + store.scan_batch)
-        if all(store.storage.head(store.path(v)) is None for v in following):
+        v = known.version
+        if store.storage.head(store.path(v)) is not None and store.storage.head(store.path(v + 1)) is None:
             return known
     return store.latest()
 
@@ -367,21 +371,19 @@ def _take_indexed(
     if states is None:
         return _take(table, writer, keys)
     merged = memwal_index.merged_generations(table.details)
-    memtables = _writer_memtables(writer)  # before the writer's manifests, as in `_take`
+    wanted = _region_selector(table, keys)
+    memtables = _writer_memtables(writer, wanted)  # before the writer's manifests, as in `_take`
     newest = {region_id_of(m): m for m in states}
     for m in _writer_manifests(writer):
         region_id = region_id_of(m)
         if region_id not in newest or m.version > newest[region_id].version:
             newest[region_id] = m
-    wanted = _region_selector(table, keys)
     regions = []
     for region_id in sorted(newest):
         m = newest[region_id]
         if wanted is None or wanted(m.shard_spec_id, table.region_values(m)):
             regions.append(_region_levels(table, region_id, m, merged, memtables))
-    return ReadSnapshot(
-        table.schema, table.dataset, table.details, regions, "snapshot", table.storage, keys
-    )
+    return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot", table.storage, keys)
 
 
 def check_consistency(mode: str) -> Consistency:
@@ -441,10 +443,15 @@ def _region_writers(writer: TableWriter | RegionWriter | None) -> list[RegionWri
 
 
 def _writer_memtables(
-    writer: TableWriter | RegionWriter | None,
+    writer: TableWriter | RegionWriter | None, wanted: Callable[[int, Any], bool] | None = None
 ) -> dict[uuid.UUID, list[MemTableSnapshot]]:
-    """The newest rows of each unflushed MemTable of the writer, per region, oldest first."""
-    return {w.region_id: w.memtable_snapshot() for w in _region_writers(writer)}
+    """The newest rows of each unflushed MemTable of the writer, per region, oldest first;
+    only of the regions `wanted` (a `_region_selector` test) accepts, when given."""
+    return {
+        w.region_id: w.memtable_snapshot()
+        for w in _region_writers(writer)
+        if wanted is None or wanted(w.manifest.shard_spec_id, w.ctx.region_values)
+    }
 
 
 def _writer_manifests(writer: TableWriter | RegionWriter | None) -> list[pb.ShardManifest]:

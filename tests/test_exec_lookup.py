@@ -26,6 +26,7 @@ from typing import Any
 
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -594,9 +595,15 @@ def test_random_histories_match_reference(
             apply(w, unflushed, len(history))
             snap = take_snapshot(t, writer=w)
             model = stored_rows(t, memtables_of(w))
+            table = mw.MemWalTable(t, writer=w)
             for keys in lookups:
+                want = {k: model[k] for k in keys if k in model}
                 got = run(plan_for(t, id_keys(keys), snapshot=snap), ("id",))
-                assert got == {k: model[k] for k in keys if k in model}
+                assert got == want
+                # The SQL route: a point-lookup snapshot of the keys (routed regions' MemTables only)
+                # planned with the snapshot's own conformed keys.
+                out = table.to_table(filter=pc.field("id").isin(keys))
+                assert {r["id"]: r for r in out.to_pylist()} == want and out.num_rows == len(want)
         finally:
             w.abort()
     finally:

@@ -228,3 +228,28 @@ def test_lookups_on_both_backends(
     with t.writer() as w:
         w.put(rows([4], "g2-"))
     assert reader.check(keys) == {**before, 4: "g2-4"}
+
+
+def test_kept_manifest_dropped_when_its_successors_were_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader keeps a region's manifest (version v) while v + 1 does not exist. When the region moved
+    on by several versions and GC deleted v and its first successors, the kept manifest must not be
+    taken for the latest (probing v + 1, v + 2 alone would find neither and return stale levels)."""
+    uri = str(tmp_path / "t")
+    t = mw.create_table(uri, rows(list(range(N_BASE)), "b"), "id", region_spec=mw.unsharded())
+    reader = Reader(uri, monkeypatch)
+    with t.writer() as w:
+        w.put(rows([N_BASE], "g0-"))
+        w.flush()
+        assert reader.check([N_BASE, N_BASE + 1]) == {N_BASE: f"g0-{N_BASE}"}  # manifest kept
+        for i in range(1, 6):  # one new manifest version per flush
+            w.put(rows([N_BASE + i], f"g{i}-"))
+            w.flush()
+    (region,) = t.region_ids()
+    store = RegionManifestStore(t.storage, region)
+    (gone,) = [r.manifest_versions for r in mw.open_table(uri).gc(keep_manifest_versions=2).regions]
+    assert len(gone) >= 3  # the kept version and its first two successors among them
+    assert len(store.list_versions()) == 2
+    want = {N_BASE + i: f"g{i}-{N_BASE + i}" for i in range(6)}
+    assert reader.check(list(want)) == want

@@ -342,6 +342,33 @@ def test_local_publish_protocol_fsyncs_data_then_directory(tmp_path, monkeypatch
     assert sorted(os.listdir(tmp_path / "t/_mem_wal/r/wal")) == ["1.arrow", "2.arrow"]
 
 
+def test_local_sync_tree_fsyncs_every_file_and_directory_once(tmp_path, monkeypatch):
+    """A generation's tree (more entries than the fsync pool has threads): every file, every directory
+    and the tree's entry in its parent are fsync'd, each once, before sync_tree returns."""
+    st = open_storage(str(tmp_path / "t"))
+    files = [f"g/d{i}/f{j}" for i in range(4) for j in range(5)] + ["g/top.bin"]
+    for path in files:
+        os.makedirs(tmp_path / "t" / os.path.dirname(path), exist_ok=True)
+        (tmp_path / "t" / path).write_bytes(path.encode())  # written without fsync, as pylance does
+    synced: list[str] = []
+    lock = threading.Lock()
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        target = os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path / "t")
+        real_fsync(fd)
+        with lock:
+            synced.append(target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    st.sync_tree("g")
+    dirs = ["g", *(f"g/d{i}" for i in range(4)), "."]
+    assert sorted(synced) == sorted(files + dirs)
+    assert all((tmp_path / "t" / p).read_bytes() == p.encode() for p in files)
+    with pytest.raises(StorageError):
+        st.sync_tree("missing/g")  # its parent directory does not exist
+
+
 def test_local_no_temp_files_left_on_errors(tmp_path, monkeypatch, publish):
     st = open_storage(str(tmp_path / "t"))
     st.put("wal/keep", b"k")

@@ -177,10 +177,17 @@ def test_bad_input_is_rejected_and_table_intact(table, bad, error):
 
 def test_key_routed_to_the_wrong_region_is_rejected(table):
     w = table.routed_writer((1,), mw.WriterConfig())
-    with pytest.raises(errors.RegionRoutingError):
+    (buckets,) = table.spec.evaluate(rows(range(50)), table.schema.field_ids)
+    mine = [k for k, b in enumerate(buckets.to_pylist()) if b == 1]
+    other = next(k for k, b in enumerate(buckets.to_pylist()) if b != 1)
+    with pytest.raises(errors.RegionRoutingError, match=rf"^row {other} belongs to region value"):
         w.put(rows(range(50)))  # 50 keys cannot all hash to bucket 1
+    # One stray key after rows that belong: rejected, naming that row; the batch is not written.
+    with pytest.raises(errors.RegionRoutingError, match=rf"^row {len(mine)} belongs"):
+        w.put(rows([*mine, other]))
+    w.put(rows(mine))  # every row belongs: accepted
     w.close()
-    assert stored_rows(table) == expected(rows([1, 2, 3], "base"))
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows(mine))
 
 
 def test_truncated_wal_entry_gives_typed_error_naming_the_file(table):

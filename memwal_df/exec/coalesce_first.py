@@ -11,8 +11,8 @@ Guarantees:
 * Output: live rows only, at most one per requested key, without `_tombstone`, with the requested
   columns in the requested order (cast to `schema` when one is given).
 
-Children take a keys table and return an operator whose rows carry the key columns and `_tombstone`
-(`TakeLastExec`, possibly behind a `BloomFilterGuardExec`). The keys table handed to the next child is
+Children take a keys table and return an operator whose rows carry the key columns and `_tombstone`,
+at most one row per key (`TakeLastExec`, possibly behind a `BloomFilterGuardExec`). The keys table handed to the next child is
 the same object as long as no key was resolved, so per-table work (bloom hashes) is shared.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -100,21 +99,31 @@ class CoalesceFirstExec(ExecNode):
                 if pending.type != encoded.type:
                     pending = pending.cast(encoded.type)
                 first = pc.is_in(encoded, value_set=pending)  # drops keys not asked or already answered
-                rows = batch.filter(first)
-                if rows.num_rows == 0:
+                if first.true_count < len(first):
+                    batch, encoded = batch.filter(first), encoded.filter(first)
+                if batch.num_rows == 0:
                     continue
-                pending = pending.filter(pc.invert(pc.is_in(pending, value_set=encoded.filter(first))))
-                if TOMBSTONE in rows.schema.names:
-                    dead = np.asarray(
-                        pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False), bool
-                    )
-                    self.keys_deleted += int(dead.sum())
-                    if dead.any():
-                        rows = rows.filter(pa.array(~dead))
-                if rows.num_rows:
-                    self.rows_out += rows.num_rows
-                    yield conform_batch(rows.select(self.columns), self.schema)
+                # A child returns each key at most once: answering as many keys as are pending answers all.
+                if batch.num_rows == len(pending):
+                    pending = pending.slice(0, 0)
+                else:
+                    pending = pending.filter(pc.invert(pc.is_in(pending, value_set=encoded)))
+                yield from self._live(batch)
+            if len(pending) == 0:
+                return
             if len(pending) < unresolved.num_rows:
                 still = pc.is_in(unresolved_enc, value_set=pending.cast(unresolved_enc.type))
                 unresolved = unresolved.filter(still)
                 unresolved_enc = unresolved_enc.filter(still)
+
+    def _live(self, rows: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """The rows that are not tombstones (a NULL `_tombstone` counts as live), as output."""
+        if TOMBSTONE in rows.schema.names:
+            tombstones = rows.column(TOMBSTONE)
+            deleted = tombstones.true_count
+            if deleted:
+                self.keys_deleted += deleted
+                rows = rows.filter(pc.invert(pc.fill_null(tombstones, False)))
+        if rows.num_rows:
+            self.rows_out += rows.num_rows
+            yield conform_batch(rows.select(self.columns), self.schema)

@@ -21,7 +21,10 @@ from memwal_df.pk_index import encode_composite_keys
 
 def key_array(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
     """One array holding the key of each row: the column itself, or the tuple encoding of several."""
-    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    arrays = [
+        (c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()) if isinstance(c, pa.ChunkedArray) else c
+        for c in columns
+    ]
     if len(arrays) == 1:
         return arrays[0]
     return encode_composite_keys(arrays)

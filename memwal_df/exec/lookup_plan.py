@@ -69,14 +69,15 @@ def plan_point_lookup(
     pk = list(ts.primary_key)
     out_columns = _output_columns(ts, columns)
     out_schema = pa.schema([ts.schema.field(c) for c in out_columns])
-    keys = _conform_keys(ts, keys)
-    if snapshot.lookup_keys is not None and keys.num_rows:
-        held = encode_keys(snapshot.lookup_keys, pk)
-        if not member_mask(keys, pk, held).all():
-            raise RegionRoutingError(
-                "lookup of keys the snapshot was not taken for: a point-lookup snapshot holds only the "
-                "regions its keys route to (take_snapshot(keys=...))"
-            )
+    if keys is not snapshot.lookup_keys:  # the snapshot's own keys are conformed and distinct already
+        keys = _conform_keys(ts, keys)
+        if snapshot.lookup_keys is not None and keys.num_rows:
+            held = encode_keys(snapshot.lookup_keys, pk)
+            if not member_mask(keys, pk, held).all():
+                raise RegionRoutingError(
+                    "lookup of keys the snapshot was not taken for: a point-lookup snapshot holds only "
+                    "the regions its keys route to (take_snapshot(keys=...))"
+                )
     base = snapshot.base
 
     def take_base(k: pa.Table) -> ExecNode:
