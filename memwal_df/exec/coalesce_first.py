@@ -12,8 +12,9 @@ Guarantees:
   columns in the requested order (cast to `schema` when one is given).
 
 Children take a keys table and return an operator whose rows carry the key columns and `_tombstone`,
-at most one row per key (`TakeLastExec`, possibly behind a `BloomFilterGuardExec`). The keys table handed to the next child is
-the same object as long as no key was resolved, so per-table work (bloom hashes) is shared.
+at most one row per key (`TakeLastExec`, possibly behind a `BloomFilterGuardExec`). The keys table
+handed to the next child is the same object as long as no key was resolved, so per-table work (bloom
+hashes) is shared.
 """
 
 from __future__ import annotations
