@@ -37,6 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from cases import backend, cases
 from obstore.exceptions import AlreadyExistsError
 from reference import stored_rows
 from wal_oracle import apply_rows, check_region, durable_rows, wal_records
@@ -395,24 +396,6 @@ def apply_op(writer: Any, op: dict[str, Any]) -> None:
 
 def check_all_regions(table: mw.Table) -> dict[uuid.UUID, Any]:
     return {rid: check_region(table, rid) for rid in table.region_ids()}
-
-
-def backend(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> tuple[str, dict[str, str] | None]:
-    if kind == "local":
-        return str(tmp_path / "t"), None
-    bucket = request.getfixturevalue("s3_bucket")
-    return f"s3://{bucket}/{uuid.uuid4()}", request.getfixturevalue("s3_storage_options")
-
-
-def cases(sample: list[tuple[Any, ...]], everything: list[tuple[Any, ...]]) -> list[Any]:
-    """`sample` runs in the default suite, the rest of `everything` under `slow`; s3 cases are marked."""
-    out = []
-    for case in everything:
-        marks = [pytest.mark.s3] if case[0] == "s3" else []
-        if case not in sample:
-            marks.append(pytest.mark.slow)
-        out.append(pytest.param(*case, marks=marks, id="-".join(map(str, case))))
-    return out
 
 
 def region_of(table: mw.Table, key: int) -> uuid.UUID:

@@ -28,11 +28,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from cases import backend, cases
 from conftest import _S3_KEY_ID, _S3_REGION, _S3_SECRET, _answers, _free_port, _moto_command
 from faulty_storage import READS, WRITES, FaultPlan, FaultyStorage
 from figures import case_name, record
 from reference import stored_rows
-from wal_oracle import apply_rows, check_region, wal_records
+from wal_oracle import apply_rows, check_region, freeze, reachable_states, wal_records
 
 import memwal_df as mw
 from memwal_df import layout
@@ -79,24 +80,6 @@ def op_rows(op: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"id": k, "v": None, "_tombstone": True} for k in op["keys"]]
 
 
-def reachable_states(history: list[tuple[dict[str, Any], bool]]) -> set[frozenset]:
-    """Every state the ops lead to, in order: acknowledged ops always applied, ops that raised
-    (unknown outcome) applied or not."""
-    states: set[frozenset] = {frozenset()}
-    for op, acked in history:
-        nxt = set()
-        for state in states:
-            model = {k: dict(v) for k, v in state}
-            apply_rows(model, op_rows(op))
-            nxt.add(freeze(model))
-        states = nxt if acked else states | nxt
-    return states
-
-
-def freeze(model: dict[Any, dict[str, Any]]) -> frozenset:
-    return frozenset((k, tuple(sorted(v.items()))) for k, v in model.items())
-
-
 def claim(table: mw.Table, rid: uuid.UUID, **settings: Any) -> mw.RegionWriter:
     """Claim `rid`, retrying claims that a fault broke (each failed claim may have taken an epoch)."""
     for _ in range(50):
@@ -105,24 +88,6 @@ def claim(table: mw.Table, rid: uuid.UUID, **settings: Any) -> mw.RegionWriter:
         except StorageError:
             continue
     raise AssertionError("50 claims in a row failed")
-
-
-def backend(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> tuple[str, dict[str, str] | None]:
-    if kind == "local":
-        return str(tmp_path / "t"), None
-    return f"s3://{request.getfixturevalue('s3_bucket')}/{uuid.uuid4()}", request.getfixturevalue(
-        "s3_storage_options"
-    )
-
-
-def cases(sample: list[tuple[Any, ...]], everything: list[tuple[Any, ...]]) -> list[Any]:
-    out = []
-    for case in everything:
-        marks = [pytest.mark.s3] if case[0] == "s3" else []
-        if case not in sample:
-            marks.append(pytest.mark.slow)
-        out.append(pytest.param(*case, marks=marks, id="-".join(map(str, case))))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -149,7 +114,7 @@ def test_writer_survives_random_storage_faults(request, tmp_path, kind, seed):
         delay_s=0.002,
     )
     with_faults(table, plan)
-    history: list[tuple[dict[str, Any], bool]] = []
+    history: list[tuple[list[dict[str, Any]], bool]] = []
     writer: mw.RegionWriter | None = None
     claims = crashes = 0
     for i in range(60):
@@ -159,9 +124,9 @@ def test_writer_survives_random_storage_faults(request, tmp_path, kind, seed):
         op = random_op(rng, f"{seed}-{i}")
         try:
             apply_op(writer, op)
-            history.append((op, True))
+            history.append((op_rows(op), True))
         except StorageError:
-            history.append((op, False))
+            history.append((op_rows(op), False))
         roll = rng.random()
         if roll < 0.1:
             try:
@@ -179,7 +144,7 @@ def test_writer_survives_random_storage_faults(request, tmp_path, kind, seed):
     fresh = mw.open_table(uri, options)
     fresh.recover()
     got = stored_rows(fresh)
-    assert freeze(got) in reachable_states(history), "acknowledged writes lost, or a phantom write"
+    assert freeze(got) in reachable_states({}, history), "acknowledged writes lost, or a phantom write"
     check_region(fresh, rid)
     assert fresh.recover() == []
     assert injected > 0
@@ -465,7 +430,7 @@ def test_s3_server_restarted_mid_run(tmp_path, request):
         table = new_table(uri, options)
         rid = uuid.uuid4()
         rng = random.Random(3)
-        history: list[tuple[dict[str, Any], bool]] = []
+        history: list[tuple[list[dict[str, Any]], bool]] = []
         rw = table.region_writer(rid, durable=True)
 
         def write(n: int, tag: str) -> None:
@@ -473,9 +438,9 @@ def test_s3_server_restarted_mid_run(tmp_path, request):
                 op = random_op(rng, f"{tag}{i}")
                 try:
                     apply_op(rw, op)
-                    history.append((op, True))
+                    history.append((op_rows(op), True))
                 except StorageError:
-                    history.append((op, False))
+                    history.append((op_rows(op), False))
 
         write(10, "up")
         rw.flush()
@@ -490,7 +455,7 @@ def test_s3_server_restarted_mid_run(tmp_path, request):
         fresh = mw.open_table(uri, options)
         assert fresh.recover() == []
         got = stored_rows(fresh)
-        assert freeze(got) in reachable_states(history)
+        assert freeze(got) in reachable_states({}, history)
         check_region(fresh, rid)
         record(NO_WAL, case_name(request), server_restarts=1, rows_checked=len(got))
     finally:
