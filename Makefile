@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow test-s3 demo bench protos lint clean
+.PHONY: test test-slow test-s3 reliability demo bench protos lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,12 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# The reliability tests, default sample and slow cases, then docs/guarantees.md from their figures.
+RELIABILITY := tests/test_crash.py tests/test_crash_jobs.py tests/test_faults.py tests/test_bad_input.py tests/test_load.py
+reliability: $(STAMP)
+	MEMWAL_FIGURES=build/reliability.json $(BIN)/python -m pytest -q -m "not spark" $(RELIABILITY)
+	$(BIN)/python scripts/guarantees.py build/reliability.json docs/guarantees.md
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -4,7 +4,8 @@
 in a dict; `rows_at(table, version)` reads what a time-travelling reader of base version `version`
 sees (the base at that version + every listed generation above its merged generation), row by row,
 failing if a generation it needs is gone; `progress_history` is the merge progress of every retained
-base version.
+base version; `finish` runs a writer and every job to completion and checks that the base alone
+holds the model and nothing half-deleted is left.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import lance
 import pyarrow as pa
-from reference import _apply
+from merge_helper import flushed_generations
+from reference import _apply, stored_rows
 
 import memwal_df as mw
 from memwal_df import layout, memwal_index
@@ -154,3 +156,22 @@ def assert_catchup_covered(table: Table) -> None:
                     f"version {version}: {name} claims generation {gen} of {region}, fragment "
                     f"{f.fragment_id} holding it is not indexed"
                 )
+
+
+def finish(table: mw.Table, work: Workload) -> None:
+    """A new writer claims, replays and writes; every job runs to completion; the base holds it all."""
+    with table.writer() as w:
+        work.generation(w)
+    table.merge()
+    table.catch_up_indexes()
+    cleanup(table)
+    table.gc(grace=timedelta(0))
+    assert base_rows(table) == work.model
+    assert stored_rows(table) == work.model
+    assert_monotonic(progress_history(table))
+    for rid in table.region_ids():  # nothing half-deleted left behind
+        listed = {p.rsplit("/", 1)[1] for _, p in flushed_generations(table, rid)}
+        present = {
+            n for n in table.storage.list_dir(layout.region_dir(rid)) if layout.parse_generation_dir_name(n)
+        }
+        assert present == listed, f"leftover generation directories {present - listed}"

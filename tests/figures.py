@@ -3,9 +3,10 @@
 A test calls `record(guarantee, test_id, **counts)` (crash points survived, faults injected, rows
 checked, peak RSS ...). Counts of the same (guarantee, test) are summed over the run (parametrized
 cases add up), peaks (`peak_*` keys) are maxima. The file is `$MEMWAL_FIGURES`, by default
-`build/reliability.json` at the repository root (git-ignored); `scripts/guarantees.py` turns it into
-the table of `docs/guarantees.md`. Writing is a read-modify-write of one small JSON file: pytest runs
-tests one at a time.
+`build/reliability.json` at the repository root (git-ignored), and holds the figures of one pytest
+run (the first record of a run starts it afresh); `scripts/guarantees.py` turns it into
+`docs/guarantees.md` (`make reliability`). Writing is a read-modify-write of one small JSON file:
+pytest runs tests one at a time.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ def path() -> Path:
     return Path(os.environ.get("MEMWAL_FIGURES") or ROOT / "build" / "reliability.json")
 
 
+_SESSION = f"{os.getpid()}@{time.time():.0f}"  # one pytest run: its first record starts a new file
+
+
 def record(guarantee: str, test: str, **counts: float) -> None:
-    """Add `counts` to the figures of `test` under `guarantee`."""
+    """Add `counts` to the figures of `test` under `guarantee` (the file holds one pytest run)."""
     p = path()
     data = json.loads(p.read_text()) if p.exists() else {}
+    if data.get("_run", {}).get("session") != _SESSION:
+        data = {"_run": {"session": _SESSION, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+    data["_run"]["ended"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     entry = data.setdefault(guarantee, {}).setdefault(test, {"runs": 0})
     entry["runs"] += 1
-    entry["last_run"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for key, value in counts.items():
         if key.startswith("peak_"):
             entry[key] = max(entry.get(key, 0), value)

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import sys
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -144,26 +145,28 @@ def log_line(f: Any, msg: dict[str, Any]) -> None:
 
 
 def write_stream(table: mw.Table, args: dict[str, Any]) -> None:
+    """Random durable puts and deletes of `ARGS["key_list"]` (or keys below `ARGS["keys"]`) for
+    `ARGS["n"]` ops or `ARGS["seconds"]`, then close the writer (everything flushed)."""
     rng = random.Random(args["seed"])
-    settings = args.get("settings", {})
-    with open(args["log"], "a") as log, table.writer(durable=True, **settings) as w:
+    keys = args.get("key_list") or list(range(args["keys"]))
+    max_rows = min(args.get("max_rows", 6), len(keys))
+    deadline = time.monotonic() + args.get("seconds", float("inf"))
+    with open(args["log"], "a") as log, table.writer(durable=True, **args.get("settings", {})) as w:
         for i in range(args.get("n", 10**9)):
-            tag = args["seed"] * 10**6 + i
+            if time.monotonic() > deadline:
+                break
+            tag = float(args["seed"] * 10**7 + i)
             if rng.random() < 0.2:
-                op = {"op": "delete", "keys": sorted(rng.sample(range(args["keys"]), rng.randint(1, 4)))}
+                op = {"op": "delete", "keys": sorted(rng.sample(keys, rng.randint(1, min(4, max_rows))))}
             else:
-                keys = sorted(rng.sample(range(args["keys"]), rng.randint(1, args.get("max_rows", 6))))
-                op = {"op": "put", "rows": [[k, float(tag)] for k in keys]}
+                op = {
+                    "op": "put",
+                    "rows": [[k, tag] for k in sorted(rng.sample(keys, rng.randint(1, max_rows)))],
+                }
             log_line(log, {"intent": i, **op})
             if op["op"] == "put":
-                w.put(
-                    pa.table(
-                        {
-                            "id": pa.array([k for k, _ in op["rows"]], pa.int64()),
-                            "v": pa.array([v for _, v in op["rows"]], pa.float64()),
-                        }
-                    )
-                )
+                ids, values = zip(*op["rows"], strict=True)
+                w.put(pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array(values, pa.float64())}))
             else:
                 w.delete(op["keys"])
             log_line(log, {"ack": i})

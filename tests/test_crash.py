@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from cases import backend, cases
+from figures import case_name, record
 from obstore.exceptions import AlreadyExistsError
 from reference import stored_rows
 from wal_oracle import apply_rows, check_region, durable_rows, wal_records
@@ -56,6 +57,7 @@ SCHEMA = pa.schema(
     [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("v", pa.float64())]
 )
 BASE = [{"id": k, "name": f"base{k}", "v": float(k)} for k in range(5)]
+GUARANTEE = "a crashed job or writer loses nothing acknowledged"
 
 WORKER = r'''
 import json, os, random, sys, threading, traceback
@@ -489,6 +491,7 @@ def test_crash_during_memtable_flush(request, tmp_path, spawn, kind, point, k):
         model.apply(op)
     assert stored_rows(table) == model.rows
     check_region(table, rid)
+    record(GUARANTEE, case_name(request), crash_points=1, rows_checked=len(model.rows))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -571,6 +574,7 @@ def test_crash_while_claiming_or_writing(request, tmp_path, spawn, kind, point, 
     model.apply({"op": "put", "rows": [[501, "after", None]]})
     assert stored_rows(table) == model.rows
     check_region(table, rid)
+    record(GUARANTEE, case_name(request), crash_points=1, rows_checked=len(model.rows))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -645,6 +649,9 @@ def test_sigkill_during_durable_stream(request, tmp_path, spawn, kind, seed):
     assert table.recover() == []
     with table.writer() as again:  # the table goes on working
         again.put(pa.Table.from_pylist([{"id": 7, "name": "after", "v": None}], schema=SCHEMA))
+    record(
+        GUARANTEE, case_name(request), crash_points=1, writes_acknowledged=len(acked), rows_checked=len(got)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -723,6 +730,12 @@ def test_two_processes_race_to_claim_a_region(request, tmp_path, spawn, kind, ro
     assert stored_rows(table) == model.rows
     assert table.recover() == []
     check_region(table, rid)
+    record(
+        "fencing: one writer per epoch",
+        case_name(request),
+        claims=len(claimed) + claim_fenced,
+        writes_acknowledged=len(acks),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

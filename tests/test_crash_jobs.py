@@ -18,13 +18,9 @@ went back. Then every job runs to completion and the base alone must hold the mo
 
 from __future__ import annotations
 
-import json
 import random
 import signal
-import subprocess
-import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,39 +31,22 @@ from _jobs import (
     Workload,
     assert_catchup_covered,
     assert_monotonic,
-    base_rows,
     cleanup,
     create,
     every_version_reads,
+    finish,
     progress_history,
     rows_at,
 )
 from cases import backend, cases
+from children import op_rows, read_log, spawn, wait_ready
 from figures import case_name, record
-from merge_helper import flushed_generations
 from reference import stored_rows
 from wal_oracle import durable_rows, freeze, reachable_states
 
 import memwal_df as mw
-from memwal_df import layout
 
-CHILD = Path(__file__).with_name("job_child.py")
 GUARANTEE = "a crashed job or writer loses nothing acknowledged"
-
-
-def spawn(
-    mode: str, uri: str, options: dict[str, str] | None, log_dir: Path, **args: Any
-) -> subprocess.Popen:
-    err = open(log_dir / f"{mode}-{time.monotonic_ns()}.stderr", "wb")  # noqa: SIM115 - closed below
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-u", str(CHILD), mode, uri, json.dumps(options), json.dumps(args)],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
-    finally:
-        err.close()
 
 
 def run_to_crash(
@@ -86,25 +65,6 @@ def check_after_crash(table: mw.Table, model: dict[Any, dict[str, Any]]) -> int:
     every_version_reads(table, model)
     assert_monotonic(progress_history(table))
     return len(model)
-
-
-def finish(table: mw.Table, work: Workload) -> None:
-    """A new writer claims, replays and writes; every job runs to completion; the base holds it all."""
-    with table.writer() as w:
-        work.generation(w)
-    table.merge()
-    table.catch_up_indexes()
-    cleanup(table)
-    table.gc(grace=timedelta(0))
-    assert base_rows(table) == work.model
-    assert stored_rows(table) == work.model
-    assert_monotonic(progress_history(table))
-    for rid in table.region_ids():  # nothing half-deleted left behind
-        listed = {p.rsplit("/", 1)[1] for _, p in flushed_generations(table, rid)}
-        present = {
-            n for n in table.storage.list_dir(layout.region_dir(rid)) if layout.parse_generation_dir_name(n)
-        }
-        assert present == listed, f"leftover generation directories {present - listed}"
 
 
 POINTS = {  # crash point -> (job, the hits k at which it is tried: a build commits once per run)
@@ -166,40 +126,16 @@ def test_job_killed_at_a_point(request, tmp_path, kind, point, k):
 # ---------------------------------------------------------------------------------------------------
 
 
-def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(acknowledged ops in order, ops in flight) from a writer's log; a torn last line is ignored."""
-    intents: dict[int, dict[str, Any]] = {}
-    acked: list[int] = []
-    for line in path.read_text().splitlines():
-        try:
-            msg = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # killed while writing this line: it was never fsynced as a whole
-        if "intent" in msg:
-            intents[msg["intent"]] = msg
-        else:
-            acked.append(msg["ack"])
-    assert acked == list(range(len(acked)))
-    in_flight = [intents[i] for i in sorted(intents) if i >= len(acked)]
-    assert len(in_flight) <= 1
-    return [intents[i] for i in acked], in_flight
-
-
 def region_history(table: mw.Table, acked: list[dict[str, Any]], in_flight: list[dict[str, Any]]) -> list:
     """The writes as `reachable_states` takes them: an op in flight is split per region (a routed
     write lands region by region)."""
 
-    def rows(op: dict[str, Any]) -> list[dict[str, Any]]:
-        if op["op"] == "put":
-            return [{"id": k, "v": v, "_tombstone": False} for k, v in op["rows"]]
-        return [{"id": k, "v": None, "_tombstone": True} for k in op["keys"]]
-
-    history = [(rows(op), True) for op in acked]
+    history = [(op_rows(op), True) for op in acked]
     for op in in_flight:
-        keys = pa.table({"id": pa.array([r["id"] for r in rows(op)], pa.int64())})
+        keys = pa.table({"id": pa.array([r["id"] for r in op_rows(op)], pa.int64())})
         regions = table.spec.evaluate(keys, table.schema.field_ids)[0].to_pylist()
         for region in sorted(set(regions)):
-            history.append(([r for r, g in zip(rows(op), regions, strict=True) if g == region], False))
+            history.append(([r for r, g in zip(op_rows(op), regions, strict=True) if g == region], False))
     return history
 
 
@@ -228,8 +164,7 @@ def test_writer_and_jobs_killed_at_random_moments(request, tmp_path, kind, seed)
             settings={"max_memtable_rows": 24},
         )
         jobs = spawn("jobs", uri, options, tmp_path)
-        for p in (writer, jobs):
-            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        wait_ready(writer, jobs)
         first, second = rng.sample([writer, jobs], 2)
         time.sleep(rng.uniform(0.2, 3.0))
         first.send_signal(signal.SIGKILL)

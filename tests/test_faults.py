@@ -165,8 +165,10 @@ def test_writer_survives_random_storage_faults(request, tmp_path, kind, seed):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_torn_wal_entry_is_never_skipped(table_uri, table_storage_options, request):
-    table = new_table(table_uri, table_storage_options)
+@pytest.mark.parametrize("kind", cases([("local",)], [("local",), ("s3",)]))
+def test_torn_wal_entry_is_never_skipped(request, tmp_path, kind):
+    uri, options = backend(request, kind, tmp_path)
+    table = new_table(uri, options)
     rid = uuid.uuid4()
     plan = FaultPlan()
     with_faults(table, plan)
@@ -187,8 +189,10 @@ def test_torn_wal_entry_is_never_skipped(table_uri, table_storage_options, reque
     record("nothing corrupt is read", case_name(request), faults_injected=1)
 
 
-def test_torn_manifest_is_a_typed_error_naming_it(table_uri, table_storage_options, request):
-    table = new_table(table_uri, table_storage_options)
+@pytest.mark.parametrize("kind", cases([("local",)], [("local",), ("s3",)]))
+def test_torn_manifest_is_a_typed_error_naming_it(request, tmp_path, kind):
+    uri, options = backend(request, kind, tmp_path)
+    table = new_table(uri, options)
     rid = uuid.uuid4()
     plan = FaultPlan()
     with_faults(table, plan)
@@ -202,21 +206,23 @@ def test_torn_manifest_is_a_typed_error_naming_it(table_uri, table_storage_optio
     torn = layout.manifest_path(rid, 2)  # 1: the claim, 2: the flush's commit
     assert e.value.path == torn and torn in str(e.value)
     rw.abort()
-    fresh = mw.open_table(table_uri, table_storage_options)
+    fresh = mw.open_table(uri, options)
     with pytest.raises(CorruptManifestError) as e:
         fresh.region_writer(rid)
     assert e.value.path == torn
     import datafusion
 
     ctx = mw.register(datafusion.SessionContext())
-    ctx.register_table("t", mw.MemWalTable(table_uri, storage_options=table_storage_options))
+    ctx.register_table("t", mw.MemWalTable(uri, storage_options=options))
     with pytest.raises(Exception, match="manifest") as e:
         ctx.sql("SELECT * FROM t").to_arrow_table()
     record("nothing corrupt is read", case_name(request), faults_injected=1)
 
 
-def test_torn_version_hint_is_harmless(table_uri, table_storage_options):
-    table = new_table(table_uri, table_storage_options)
+@pytest.mark.parametrize("kind", cases([("local",)], [("local",), ("s3",)]))
+def test_torn_version_hint_is_harmless(request, tmp_path, kind):
+    uri, options = backend(request, kind, tmp_path)
+    table = new_table(uri, options)
     rid = uuid.uuid4()
     plan = FaultPlan()
     with_faults(table, plan)
@@ -229,7 +235,7 @@ def test_torn_version_hint_is_harmless(table_uri, table_storage_options):
         if i < 3:
             plan.force("partial", lambda op, path: path.endswith(layout.VERSION_HINT))
         rw.flush()  # the hint is best effort: a failed hint write does not fail the commit
-        assert stored_rows(mw.open_table(table_uri, table_storage_options)) == model  # probed past it
+        assert stored_rows(mw.open_table(uri, options)) == model  # probed past it
     rw.close()
     assert plan.injected["partial"] == 3
     check_region(table, rid)
@@ -240,12 +246,12 @@ def test_torn_version_hint_is_harmless(table_uri, table_storage_options):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_disappearing_version_hint(table_uri, table_storage_options, request):
+@pytest.mark.parametrize("kind", cases([("local",)], [("local",), ("s3",)]))
+def test_disappearing_version_hint(request, tmp_path, kind):
+    uri, options = backend(request, kind, tmp_path)
     """A thread deletes every region's `version_hint.json` as fast as it can while a writer writes,
     flushes and reclaims and a reader reads: probing finds the latest version without it."""
-    table = mw.create_table(
-        table_uri, SCHEMA, "id", region_spec=mw.bucket("id", 2), storage_options=table_storage_options
-    )
+    table = mw.create_table(uri, SCHEMA, "id", region_spec=mw.bucket("id", 2), storage_options=options)
     storage = table.storage
     stop = threading.Event()
     deleted = [0]
@@ -270,13 +276,13 @@ def test_disappearing_version_hint(table_uri, table_storage_options, request):
                     apply_op(w, op)
                     apply_rows(model, op_rows(op))
                 w.flush()
-                assert stored_rows(mw.open_table(table_uri, table_storage_options)) == model
+                assert stored_rows(mw.open_table(uri, options)) == model
                 reads += 1
     finally:
         stop.set()
         thread.join()
     assert deleted[0] > 0
-    assert stored_rows(mw.open_table(table_uri, table_storage_options)) == model
+    assert stored_rows(mw.open_table(uri, options)) == model
     for rid in table.region_ids():
         check_region(table, rid)
     record("nothing corrupt is read", case_name(request), hints_deleted=deleted[0], rows_checked=len(model))
