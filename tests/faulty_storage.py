@@ -53,7 +53,6 @@ class FaultPlan:
         self.delay_s = delay_s
         self.enabled = True
         self.injected: Counter[str] = Counter()
-        self.calls = 0
         self._forced: list[tuple[str, Callable[[str, str], bool]]] = []
         self._lock = threading.Lock()
 
@@ -66,7 +65,6 @@ class FaultPlan:
         with self._lock:
             if not self.enabled:
                 return None
-            self.calls += 1
             for i, (kind, match) in enumerate(self._forced):
                 if match(op, path) and _applies(kind, op):
                     del self._forced[i]

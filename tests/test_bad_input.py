@@ -28,6 +28,8 @@ import pyarrow as pa
 import pytest
 from cases import backend, cases
 from figures import case_name, record
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from reference import stored_rows
 from wal_oracle import apply_rows
 
@@ -82,6 +84,40 @@ def test_duplicate_keys_in_one_batch_last_row_wins_through_flush_and_merge(reque
     assert len({r["id"] for r in base}) == len(base), "the merge left a key twice in the base"
     assert {r["id"]: r for r in base} == model
     assert sql_rows(uri, options) == model
+
+
+BATCHES = st.lists(
+    st.lists(st.tuples(st.integers(0, 12), st.none() | st.text(max_size=3)), min_size=1, max_size=12),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=BATCHES, deletes=st.lists(st.integers(0, 12), max_size=6), flush_every=st.integers(1, 3))
+def test_batches_with_duplicate_keys_match_the_model(tmp_path_factory, batches, deletes, flush_every):
+    """Random batches full of duplicate keys (and NULL values), a delete with duplicates, flushes in
+    between, then a merge: the stored rows and the SQL reader equal a dict model where the last row
+    of a key wins, and the base keeps one row per key."""
+    uri = str(tmp_path_factory.mktemp("dup") / "t")
+    table = new_table(uri)
+    model = {k: dict(v) for k, v in BASE.items()}
+    with table.writer(max_memtable_rows=7) as w:
+        for i, rows in enumerate(batches):
+            data = pa.table({"id": pa.array([k for k, _ in rows], pa.int64()), "v": [v for _, v in rows]})
+            w.put(data)
+            apply_rows(model, [{**r, "_tombstone": False} for r in data.to_pylist()])
+            if i % flush_every == 0:
+                w.flush()
+        if deletes:
+            w.delete(deletes)
+            apply_rows(model, [{"id": k, "v": None, "_tombstone": True} for k in deletes])
+    assert stored_rows(table) == model
+    assert sql_rows(uri, None) == model
+    table.merge()
+    base = table.dataset.to_table().to_pylist()
+    assert sorted(r["id"] for r in base) == sorted(model)
+    assert sql_rows(uri, None) == model
 
 
 @pytest.mark.parametrize("writer", ["routed", "region"])
