@@ -143,7 +143,7 @@ def test_four_regions_at_full_speed_with_jobs_and_readers(request, tmp_path, kin
     assert_monotonic(history)
     merged_during_run = sum(memwal_index.merged_generations(table.details).values())
     assert merged_during_run > 0, "the job process merged nothing"
-    every_version_reads(table, model)
+    half_cleaned = every_version_reads(table, model, interrupted_cleanup=True)  # the job process was killed
     work = Workload(table, seed=0, base=BASE)
     work.model = model
     finish(table, work)
@@ -157,6 +157,7 @@ def test_four_regions_at_full_speed_with_jobs_and_readers(request, tmp_path, kin
         reads=len(reads),
         key_reads_checked=checked,
         generations_merged=merged_during_run,
+        half_cleaned_versions_skipped=half_cleaned,
         peak_rss_writer_mb=round(peaks["writer"]),
         peak_rss_jobs_mb=round(peaks["jobs"]),
     )
