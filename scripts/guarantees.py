@@ -45,9 +45,10 @@ GUARANTEES = {
         "receives a row; duplicate keys in one batch resolve to the last row through flush and merge (the "
         "base keeps one row per key); every primary-key type Lance 14 accepts round-trips through put, "
         "delete, crash + replay, flush, merge and the SQL reader; a corrupt WAL entry or manifest makes "
-        "every entry point (claim, recover, routed write, status, merge, GC, index build, SQL) fail with "
-        "the typed error naming the file; foreign files in the table directory are ignored and kept; a "
-        "put of hundreds of MB is written with a working set that does not grow with the batch."
+        "every entry point fail with the typed error naming the file (claim, recover, routed write; for "
+        "a manifest also status, merge, GC, index build, and SQL through DataFusion's wrapper); foreign "
+        "files in the table directory are ignored and kept; a put of hundreds of MB is written with a "
+        "working set that does not grow with the batch."
     ),
     "fencing: one writer per epoch": (
         "Claimers racing for one region (processes, and threads on a slow store) each get their own "
