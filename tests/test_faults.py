@@ -23,24 +23,37 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import datafusion
 import pyarrow as pa
 import pytest
+from _jobs import (
+    Workload,
+    assert_monotonic,
+    cleanup,
+    create,
+    every_version_reads,
+    finish,
+    progress_history,
+    rows_at,
+)
 from cases import backend, cases
 from conftest import _S3_KEY_ID, _S3_REGION, _S3_SECRET, _answers, _free_port, _moto_command
 from faulty_storage import READS, WRITES, FaultPlan, FaultyStorage
 from figures import case_name, record
 from reference import stored_rows
-from wal_oracle import apply_rows, check_region, freeze, reachable_states, wal_records
+from wal_oracle import apply_rows, check_region, durable_rows, freeze, reachable_states, wal_records
 
 import memwal_df as mw
 from memwal_df import layout
 from memwal_df.errors import (
     CorruptManifestError,
     CorruptWalEntryError,
+    MemWalError,
     StorageError,
     WriterFencedError,
 )
@@ -159,6 +172,62 @@ def test_writer_survives_random_storage_faults(request, tmp_path, kind, seed):
         crashes=crashes,
         claims=claims,
         rows_checked=len(got),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Background jobs under storage faults
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind, seed", cases([("local", 1)], [("local", s) for s in range(1, 9)] + [("s3", 1), ("s3", 2)])
+)
+def test_jobs_under_random_storage_faults(request, tmp_path, kind, seed):
+    """Merge, index build, version cleanup and GC run round after round on a table handle whose
+    memwal_df storage calls fail, lose answers or stall, while a writer on a clean handle adds
+    generations. A job may fail, but only with a typed `MemWalError`; after every round a clean
+    reader sees exactly the model, and at the end every invariant holds and the jobs complete."""
+    uri, options = backend(request, kind, tmp_path)
+    clean = create(uri, options, regions=2)
+    work = Workload(clean, seed)
+    jobs = mw.open_table(uri, options)
+    plan = FaultPlan(
+        seed,
+        {"fail": 0.03, "lost_answer": 0.02, "delay": 0.03},
+        match=lambda op, path: path.startswith(layout.MEM_WAL_DIR),
+        delay_s=0.002,
+    )
+    with_faults(jobs, plan)
+    failures: Counter[str] = Counter()
+    for _ in range(6):
+        with clean.writer() as w:
+            work.generation(w)
+        for job in (
+            jobs.merge,
+            jobs.build_index,
+            lambda: cleanup(jobs),
+            lambda: jobs.gc(grace=timedelta(0), keep_manifest_versions=2),
+        ):
+            try:
+                job()
+            except MemWalError as e:  # anything untyped fails the test
+                failures[type(e).__name__] += 1
+        assert stored_rows(clean) == work.model
+        assert rows_at(clean) == work.model
+    plan.enabled = False
+    assert sum(failures.values()) < 6 * 4, "no job ever completed: the faults test nothing but failure"
+    assert durable_rows(clean) == work.model
+    assert_monotonic(progress_history(clean))
+    every_version_reads(clean, work.model)
+    finish(clean, work)
+    record(
+        FAULTS,
+        case_name(request),
+        faults_injected=sum(plan.injected.values()),
+        job_runs=6 * 4,
+        job_failures=sum(failures.values()),
+        rows_checked=7 * len(work.model),
     )
 
 
