@@ -4,9 +4,10 @@ A test calls `record(guarantee, test_id, **counts)` (crash points survived, faul
 checked, peak RSS ...). Counts of the same (guarantee, test) are summed over the run (parametrized
 cases add up), peaks (`peak_*` keys) are maxima. The file is `$MEMWAL_FIGURES`, by default
 `build/reliability.json` at the repository root (git-ignored), and holds the figures of one pytest
-run (the first record of a run starts it afresh); `scripts/guarantees.py` turns it into
-`docs/guarantees.md` (`make reliability`). Writing is a read-modify-write of one small JSON file:
-pytest runs tests one at a time.
+run: the first record of a run starts it afresh, unless `$MEMWAL_FIGURES_CONTINUE` is set (a
+follow-up run adds its tests). `scripts/guarantees.py` turns it into `docs/guarantees.md`
+(`make reliability`). Writing is a read-modify-write of one small JSON file: pytest runs tests one
+at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ def record(guarantee: str, test: str, **counts: float) -> None:
     p = path()
     data = json.loads(p.read_text()) if p.exists() else {}
     if data.get("_run", {}).get("session") != _SESSION:
-        data = {"_run": {"session": _SESSION, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+        if os.environ.get("MEMWAL_FIGURES_CONTINUE") and "_run" in data:  # add a follow-up run's tests
+            data["_run"]["session"] = _SESSION
+        else:
+            data = {
+                "_run": {"session": _SESSION, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            }
     data["_run"]["ended"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     entry = data.setdefault(guarantee, {}).setdefault(test, {"runs": 0})
     entry["runs"] += 1
