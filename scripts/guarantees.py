@@ -33,7 +33,9 @@ GUARANTEES = {
         "or absent), with every structural invariant (contiguous manifest versions and WAL, epochs "
         "stepping by one, complete generations). Also with the S3 server killed mid-run: writes fail with "
         "`StorageError` while it is down, and after it restarts on the same port (its state replayed by "
-        "moto's request recorder: moto keeps no state of its own across restarts) the same writer goes on."
+        "moto's request recorder: moto keeps no state of its own across restarts) the same writer goes on. "
+        "Merge, index build, version cleanup and GC on a faulty handle fail only with typed errors, and "
+        "a clean reader sees exactly the model after every round."
     ),
     "nothing corrupt is read": (
         "A torn WAL entry or manifest (a store that breaks atomicity) raises `CorruptWalEntryError` / "
