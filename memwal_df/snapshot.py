@@ -328,12 +328,17 @@ _LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = Pe
 
 
 def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
-    """The region's latest manifest. A manifest read before (`known`) that no version of the next
-    probe batch follows is still the latest, and is returned without reading the hint or the file
-    again: versions are written once each, in order (the probe `RegionManifestStore.latest` makes)."""
+    """The region's latest manifest. A manifest read before (`known`) that still exists and that no
+    version of the next probe batch follows is still the latest, and is returned without reading the
+    hint or the file again: versions are written once each, in order (the probe
+    `RegionManifestStore.latest` makes). Its own existence matters: GC deletes old versions, oldest
+    first, so once `known` is gone the versions right after it may be gone too, newer ones not."""
     if known is not None:
         following = range(known.version + 1, known.version + 1 + store.scan_batch)
-        if all(store.storage.head(store.path(v)) is None for v in following):
+        if (
+            all(store.storage.head(store.path(v)) is None for v in following)
+            and store.storage.head(store.path(known.version)) is not None
+        ):
             return known
     return store.latest()
 
@@ -376,9 +381,7 @@ def _take_indexed(
         m = newest[region_id]
         if wanted is None or wanted(m.shard_spec_id, table.region_values(m)):
             regions.append(_region_levels(table, region_id, m, merged, memtables))
-    return ReadSnapshot(
-        table.schema, table.dataset, table.details, regions, "snapshot", table.storage, keys
-    )
+    return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot", table.storage, keys)
 
 
 def check_consistency(mode: str) -> Consistency:

@@ -16,6 +16,7 @@ import bisect
 import random
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 import datafusion
@@ -81,7 +82,9 @@ def check_fresh(reads: list[dict[int, float]], states: dict[int, list[float | No
     return len(reads) * len(states)
 
 
-@pytest.mark.parametrize("kind, seconds", cases([("local", 12)], [("local", 12), ("local", 180), ("s3", 60)]))
+@pytest.mark.parametrize(
+    "kind, seconds", cases([("local", 12)], [("local", 12), ("local", 180), ("s3", 60)])
+)
 def test_four_regions_at_full_speed_with_jobs_and_readers(request, tmp_path, kind, seconds):
     uri, options = backend(request, kind, tmp_path)
     table = create(uri, options, regions=REGIONS, base=BASE)
@@ -134,10 +137,14 @@ def test_four_regions_at_full_speed_with_jobs_and_readers(request, tmp_path, kin
             apply_rows(model, op_rows(op))
     table = mw.open_table(uri, options)
     assert table.recover() == []
-    reads.append(read_all(ctx))
-    checked = check_fresh(reads, key_histories(acked))
-    assert reads[-1] == {k: r["v"] for k, r in model.items()}
     assert stored_rows(table) == model
+    expected = {k: r["v"] for k, r in model.items()}
+    fresh = mw.register(datafusion.SessionContext())
+    fresh.register_table("t", mw.MemWalTable(uri, storage_options=options))
+    assert read_all(fresh) == expected, "a new reader is stale"
+    reads.append(read_all(ctx))
+    assert reads[-1] == expected, "the reader that read all along is stale"
+    checked = check_fresh(reads, key_histories(acked))
     assert durable_rows(table) == model
     history = progress_history(table)
     assert_monotonic(history)
@@ -161,3 +168,22 @@ def test_four_regions_at_full_speed_with_jobs_and_readers(request, tmp_path, kin
         peak_rss_writer_mb=round(peaks["writer"]),
         peak_rss_jobs_mb=round(peaks["jobs"]),
     )
+
+
+def test_a_long_lived_reader_is_not_stale_after_gc_trims_manifest_versions(tmp_path):
+    """Regression (found by the 180 s load run): a reader remembered each region's latest manifest
+    and, when no version of the next probe batch existed, kept it. GC deletes old manifest versions,
+    so after more commits than the batch plus `keep_manifest_versions`, the versions right after the
+    remembered one were gone and the reader kept serving the old state."""
+    uri = str(tmp_path / "t")
+    table = create(uri, None, regions=1, base=5)
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", mw.MemWalTable(uri))
+    work = Workload(table, seed=1, base=5)
+    with table.writer() as w:
+        work.generation(w)
+        assert read_all(ctx) == {k: r["v"] for k, r in work.model.items()}
+        for _ in range(4):  # four more manifest versions
+            work.generation(w)
+    table.gc(grace=timedelta(0), keep_manifest_versions=2)  # the remembered one and the next two go
+    assert read_all(ctx) == {k: r["v"] for k, r in work.model.items()}
