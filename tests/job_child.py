@@ -6,7 +6,9 @@ Modes:
   so that merged generations become removable); with `ARGS["crash"] = [point, k]` the process ends
   with `os._exit(9)` the k-th time it reaches `point` (our own code wrapped in this process;
   storage stays real). Exit 0 when the job finished without reaching it.
-* `jobs`: merge, index build, index catch-up, version cleanup and GC, round after round, until killed.
+* `jobs`: merge, index build, index catch-up, version cleanup and GC, round after round, until killed;
+  cleanup keeps base versions younger than `ARGS["retain_s"]` (default 0), the time-travel retention
+  concurrent readers need (a reader of a version cleaned up meanwhile fails in Lance).
 * `write`: a routed durable writer streaming random puts and deletes (seeded) until killed or
   `ARGS["n"]` ops; each op is logged to `ARGS["log"]` before the call (`intent`) and after it returns
   (`ack`), every line flushed and fsynced, so the parent knows exactly what was acknowledged.
@@ -116,24 +118,26 @@ def _one_by_one(self: Any, prefix: str) -> int:
     return len(paths)
 
 
-def run_job(table: mw.Table, mode: str, uri: str, options: dict[str, str] | None) -> None:
+def run_job(
+    table: mw.Table, mode: str, uri: str, options: dict[str, str] | None, retain: timedelta = ZERO
+) -> None:
     if mode == "merge":
         table.merge()
     elif mode == "build":
         table.build_index()
         table.catch_up_indexes()
     elif mode == "gc":
-        lance.dataset(uri, storage_options=options).cleanup_old_versions(older_than=ZERO)
+        lance.dataset(uri, storage_options=options).cleanup_old_versions(older_than=retain)
         table.gc(grace=ZERO, keep_manifest_versions=2)
     else:
         raise SystemExit(f"unknown job {mode}")
 
 
-def jobs_forever(table: mw.Table, uri: str, options: dict[str, str] | None) -> None:
+def jobs_forever(table: mw.Table, uri: str, options: dict[str, str] | None, retain: timedelta) -> None:
     while True:
         for mode in ("merge", "build", "gc"):
             try:
-                run_job(table, mode, uri, options)
+                run_job(table, mode, uri, options, retain)
             except mw.errors.MemWalError as e:  # a lost race with the writer's claims: next round
                 print(f"{mode}: {type(e).__name__}: {e}", file=sys.stderr)
 
@@ -181,7 +185,7 @@ def main() -> None:
         inject(*args["crash"])
     print("ready", flush=True)
     if mode == "jobs":
-        jobs_forever(table, uri, options)
+        jobs_forever(table, uri, options, timedelta(seconds=args.get("retain_s", 0)))
     elif mode == "write":
         write_stream(table, args)
     else:
