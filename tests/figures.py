@@ -34,6 +34,7 @@ def record(guarantee: str, test: str, **counts: float) -> None:
     if data.get("_run", {}).get("session") != _SESSION:
         if os.environ.get("MEMWAL_FIGURES_CONTINUE") and "_run" in data:  # add a follow-up run's tests
             data["_run"]["session"] = _SESSION
+            data["_run"]["follow_ups"] = data["_run"].get("follow_ups", 0) + 1
         else:
             data = {
                 "_run": {"session": _SESSION, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
