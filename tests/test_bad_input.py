@@ -93,7 +93,7 @@ BATCHES = st.lists(
 )
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=BATCHES, deletes=st.lists(st.integers(0, 12), max_size=6), flush_every=st.integers(1, 3))
 def test_batches_with_duplicate_keys_match_the_model(tmp_path_factory, batches, deletes, flush_every):
     """Random batches full of duplicate keys (and NULL values), a delete with duplicates, flushes in

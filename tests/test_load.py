@@ -84,7 +84,7 @@ def check_fresh(reads: list[dict[int, float]], states: dict[int, list[float | No
     return len(reads) * len(states)
 
 
-@pytest.mark.parametrize("kind, seconds", cases([("local", 12)], [("local", 12), ("local", 180), ("s3", 60)]))
+@pytest.mark.parametrize("kind, seconds", cases([("local", 6)], [("local", 6), ("local", 180), ("s3", 60)]))
 def test_four_regions_at_full_speed_with_jobs_and_readers(request, tmp_path, kind, seconds):
     uri, options = backend(request, kind, tmp_path)
     table = create(uri, options, regions=REGIONS, base=BASE)
