@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow test-spark test-s3 demo bench bench-spark protos lint clean
+.PHONY: test test-slow test-spark test-s3 reliability demo bench bench-spark protos lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ test-slow: $(STAMP)
 # The Spark suite (local[2], Java 17); the stamp installs every extra (spark, bench's matplotlib).
 test-spark: $(STAMP)
 	$(BIN)/python -m pytest -q -m spark
+
+# The reliability tests, default sample and slow cases, then docs/guarantees.md from their figures.
+RELIABILITY := tests/test_crash.py tests/test_crash_jobs.py tests/test_faults.py tests/test_bad_input.py tests/test_load.py
+reliability: $(STAMP)
+	MEMWAL_FIGURES=build/reliability.json $(BIN)/python -m pytest -q -m "not spark" $(RELIABILITY)
+	$(BIN)/python scripts/guarantees.py build/reliability.json docs/guarantees.md
 
 # Lance 14 logs a harmless "ERROR lance::index ... __lance_mem_wal has no fields" on every merge
 # (docs/operations.md); the demo hides that one logger unless LANCE_LOG is set.

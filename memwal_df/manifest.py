@@ -73,6 +73,15 @@ class RegionManifestStore:
             raise CorruptManifestError(f"region manifest version {version} cannot be decoded", path) from e
         if m.version != version:
             raise CorruptManifestError(f"region manifest file of version {version} says {m.version}", path)
+        # Protobuf decodes a file cut at a field boundary without complaint (dropping, say, the last
+        # flushed generations). The region id is written after every field but the region values, so
+        # a missing or foreign id marks a torn or misplaced file.
+        if m.shard_id.uuid != self.region_id.bytes:
+            raise CorruptManifestError(
+                f"region manifest version {version} is truncated or belongs to another region "
+                f"(region id {m.shard_id.uuid.hex() or 'missing'})",
+                path,
+            )
         return m
 
     def _hint(self) -> int:

@@ -37,6 +37,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from cases import backend, cases
+from figures import case_name, record
 from obstore.exceptions import AlreadyExistsError
 from reference import stored_rows
 from wal_oracle import apply_rows, check_region, durable_rows, wal_records
@@ -55,6 +57,7 @@ SCHEMA = pa.schema(
     [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("v", pa.float64())]
 )
 BASE = [{"id": k, "name": f"base{k}", "v": float(k)} for k in range(5)]
+GUARANTEE = "a crashed job or writer loses nothing acknowledged"
 
 WORKER = r'''
 import json, os, random, sys, threading, traceback
@@ -397,24 +400,6 @@ def check_all_regions(table: mw.Table) -> dict[uuid.UUID, Any]:
     return {rid: check_region(table, rid) for rid in table.region_ids()}
 
 
-def backend(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> tuple[str, dict[str, str] | None]:
-    if kind == "local":
-        return str(tmp_path / "t"), None
-    bucket = request.getfixturevalue("s3_bucket")
-    return f"s3://{bucket}/{uuid.uuid4()}", request.getfixturevalue("s3_storage_options")
-
-
-def cases(sample: list[tuple[Any, ...]], everything: list[tuple[Any, ...]]) -> list[Any]:
-    """`sample` runs in the default suite, the rest of `everything` under `slow`; s3 cases are marked."""
-    out = []
-    for case in everything:
-        marks = [pytest.mark.s3] if case[0] == "s3" else []
-        if case not in sample:
-            marks.append(pytest.mark.slow)
-        out.append(pytest.param(*case, marks=marks, id="-".join(map(str, case))))
-    return out
-
-
 def region_of(table: mw.Table, key: int) -> uuid.UUID:
     values = table.spec.evaluate(pa.table({"id": pa.array([key], pa.int64())}), table.schema.field_ids)
     return table.region_id_for((values[0][0].as_py(),))
@@ -506,6 +491,7 @@ def test_crash_during_memtable_flush(request, tmp_path, spawn, kind, point, k):
         model.apply(op)
     assert stored_rows(table) == model.rows
     check_region(table, rid)
+    record(GUARANTEE, case_name(request), crash_points=1, rows_checked=len(model.rows))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -588,6 +574,7 @@ def test_crash_while_claiming_or_writing(request, tmp_path, spawn, kind, point, 
     model.apply({"op": "put", "rows": [[501, "after", None]]})
     assert stored_rows(table) == model.rows
     check_region(table, rid)
+    record(GUARANTEE, case_name(request), crash_points=1, rows_checked=len(model.rows))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -662,6 +649,9 @@ def test_sigkill_during_durable_stream(request, tmp_path, spawn, kind, seed):
     assert table.recover() == []
     with table.writer() as again:  # the table goes on working
         again.put(pa.Table.from_pylist([{"id": 7, "name": "after", "v": None}], schema=SCHEMA))
+    record(
+        GUARANTEE, case_name(request), crash_points=1, writes_acknowledged=len(acked), rows_checked=len(got)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -740,6 +730,12 @@ def test_two_processes_race_to_claim_a_region(request, tmp_path, spawn, kind, ro
     assert stored_rows(table) == model.rows
     assert table.recover() == []
     check_region(table, rid)
+    record(
+        "fencing: one writer per epoch",
+        case_name(request),
+        claims=len(claimed) + claim_fenced,
+        writes_acknowledged=len(acks),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -395,7 +395,16 @@ def _corrupt_cases(region: uuid.UUID) -> dict[str, tuple[int, bytes]]:
     wrong = pb.ShardManifest()
     wrong.CopyFrom(good)
     wrong.version = 3
+    cut = pb.ShardManifest()  # what a torn write cut right before the region id decodes to
+    cut.CopyFrom(good)
+    cut.ClearField("shard_id")
+    assert data.startswith(cut.SerializeToString())
+    foreign = pb.ShardManifest()
+    foreign.CopyFrom(good)
+    foreign.shard_id.uuid = uuid.uuid4().bytes
     return {
+        "cut_at_a_field_boundary": (2, cut.SerializeToString()),
+        "other_region": (2, foreign.SerializeToString()),
         "garbage": (2, b"\xff\xff\xff\xff\xff"),
         "not_protobuf_text": (2, b'{"version":2}'),
         "empty": (2, b""),  # parses as version 0
@@ -406,7 +415,17 @@ def _corrupt_cases(region: uuid.UUID) -> dict[str, tuple[int, bytes]]:
 
 
 @pytest.mark.parametrize(
-    "case", ["garbage", "not_protobuf_text", "empty", "truncated", "wrong_version", "bad_wire_type"]
+    "case",
+    [
+        "garbage",
+        "not_protobuf_text",
+        "empty",
+        "truncated",
+        "wrong_version",
+        "bad_wire_type",
+        "cut_at_a_field_boundary",
+        "other_region",
+    ],
 )
 def test_corrupt_manifest_raises_naming_the_file(storage: Storage, region: uuid.UUID, case: str) -> None:
     version, data = _corrupt_cases(region)[case]

@@ -188,3 +188,26 @@ def check_region(table: Table, region_id: uuid.UUID) -> RegionCheck:
     assert not wal or wal_epochs[-1] <= latest.writer_epoch
     assert latest.replay_after_wal_entry_position <= len(wal)
     return RegionCheck(len(versions), epochs, wal, gen_dirs - referenced, referenced)
+
+
+def freeze(model: dict[Any, dict[str, Any]]) -> frozenset:
+    """A hashable copy of a key -> row model."""
+    return frozenset((k, tuple(sorted(v.items()))) for k, v in model.items())
+
+
+def reachable_states(
+    start: dict[Any, dict[str, Any]], history: list[tuple[list[dict[str, Any]], bool]]
+) -> set[frozenset]:
+    """Every state that applying `history` to `start` in order can leave: each entry is the rows of
+    one region write (with `_tombstone`) and whether it was acknowledged. An acknowledged write is
+    always applied, whole; one whose call raised or was cut short (unknown outcome) whole or not at all.
+    """
+    states = {freeze(start)}
+    for rows, acked in history:
+        applied = set()
+        for state in states:
+            model = {k: dict(v) for k, v in state}
+            apply_rows(model, rows)
+            applied.add(freeze(model))
+        states = applied if acked else states | applied
+    return states
