@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from memwal_df import layout
 from memwal_df._proto import memwal_pb2 as pb
+from memwal_df._wire import encode_varint, read_varint
 from memwal_df.errors import MissingGenerationError
 from memwal_df.maintained import MaintainedIndex, write_generation_indexes
 from memwal_df.memtable import MemTable
@@ -171,41 +172,18 @@ def table_field_ids(schema: pa.Schema, storage: Storage) -> dict[int, int] | Non
     return mapping
 
 
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # negative int32 values are sign-extended to 10 bytes, as protobuf does
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
-
-
 def _with_ids(field_proto: bytes, field_id: int, parent_id: int) -> bytes:
     """A `lance.file.Field` message with `id` (tag 3) and `parent_id` (tag 4) replaced."""
     parts: list[tuple[int, bytes]] = []
     i = 0
     while i < len(field_proto):
         start = i
-        key, i = _read_varint(field_proto, i)
+        key, i = read_varint(field_proto, i)
         wire = key & 7
         if wire == 0:
-            _, i = _read_varint(field_proto, i)
+            _, i = read_varint(field_proto, i)
         elif wire == 2:
-            length, i = _read_varint(field_proto, i)
+            length, i = read_varint(field_proto, i)
             i += length
         elif wire == 1:
             i += 8
@@ -216,8 +194,8 @@ def _with_ids(field_proto: bytes, field_id: int, parent_id: int) -> bytes:
         if key >> 3 not in (3, 4):
             parts.append((key >> 3, field_proto[start:i]))
     if field_id:
-        parts.append((3, b"\x18" + _varint(field_id)))
-    parts.append((4, b"\x20" + _varint(parent_id)))
+        parts.append((3, b"\x18" + encode_varint(field_id)))
+    parts.append((4, b"\x20" + encode_varint(parent_id)))
     parts.sort(key=lambda p: p[0])
     return b"".join(p for _, p in parts)
 

@@ -32,6 +32,7 @@ import lance
 import numpy as np
 
 from memwal_df._proto import memwal_pb2 as pb
+from memwal_df._wire import read_varint
 from memwal_df.memwal_index import read_index_section
 from memwal_df.storage import Storage
 from memwal_df.wal import TOMBSTONE
@@ -171,28 +172,17 @@ def _global_buffer(storage: Storage, path: str, number: int) -> bytes:
     return bytes(reader.read_global_buffer(number))
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
-
-
 def _fields(data: bytes) -> dict[int, Any]:
     """The fields of a protobuf message (varints and length-delimited ones; the last of a repeated)."""
     out: dict[int, Any] = {}
     i = 0
     while i < len(data):
-        key, i = _varint(data, i)
+        key, i = read_varint(data, i)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            out[number], i = _varint(data, i)
+            out[number], i = read_varint(data, i)
         elif wire == 2:
-            length, i = _varint(data, i)
+            length, i = read_varint(data, i)
             out[number] = data[i : i + length]
             i += length
         elif wire in (1, 5):
@@ -209,7 +199,7 @@ def _tensor(data: bytes) -> np.ndarray:
         raise ValueError(f"index tensor of data type {f.get(1)}, expected float32")
     shape, packed, i = [], f[2], 0
     while i < len(packed):
-        n, i = _varint(packed, i)
+        n, i = read_varint(packed, i)
         shape.append(n)
     return np.frombuffer(f[3], dtype="<f4").reshape(shape).copy()
 
