@@ -27,7 +27,6 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Container, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -36,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df import layout, memwal_index, region_snapshot
+from memwal_df._pools import shared_pool
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.bloom import BloomFilter
 from memwal_df.errors import InvalidConfigError, MissingGenerationError, NotFoundError
@@ -317,7 +317,7 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     if len(ids) <= 1 or isinstance(storage, LocalStorage):
         manifests = [latest(r) for r in ids]
     else:
-        manifests = list(_manifest_pool().map(latest, ids))
+        manifests = list(shared_pool("manifest", _PARALLEL_MANIFEST_READS).map(latest, ids))
     regions = []
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
@@ -420,19 +420,6 @@ def _region_levels(
     levels += [lv for lv in flushed if lv.generation > floor]
     done = [lv for lv in flushed if lv.generation <= floor]
     return RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels, done)
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _manifest_pool() -> ThreadPoolExecutor:
-    """One process-wide pool for parallel manifest reads (starting a pool per query costs ms)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(_PARALLEL_MANIFEST_READS, thread_name_prefix="memwal-manifest")
-        return _POOL
 
 
 def _region_writers(writer: TableWriter | RegionWriter | None) -> list[RegionWriter]:

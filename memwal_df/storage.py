@@ -38,7 +38,6 @@ import urllib.parse
 import urllib.request
 import uuid
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +45,7 @@ import obstore as obs
 from obstore.exceptions import AlreadyExistsError, PreconditionError, UnknownConfigurationKeyError
 from obstore.store import MemoryStore, from_url
 
+from memwal_df._pools import shared_pool
 from memwal_df.errors import NotFoundError, StorageError
 
 # What a write takes: bytes, or a zero-copy view (an encoded WAL entry is a view of an Arrow buffer).
@@ -197,18 +197,7 @@ def _fsync_dir(path: str) -> None:
     _fsync_path(path, _O_DIR_FLAGS)
 
 
-_SYNC_THREADS = 8
-_sync_executor: ThreadPoolExecutor | None = None
-_sync_lock = threading.Lock()
-
-
-def _sync_pool() -> ThreadPoolExecutor:
-    """One process-wide pool for `LocalStorage.sync_tree`'s concurrent fsyncs (started on first use)."""
-    global _sync_executor
-    with _sync_lock:
-        if _sync_executor is None:
-            _sync_executor = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="memwal-fsync")
-        return _sync_executor
+_SYNC_THREADS = 8  # concurrent fsyncs of one `LocalStorage.sync_tree`
 
 
 def _write_all(fd: int, data: Blob) -> None:
@@ -381,7 +370,8 @@ class LocalStorage(Storage):
                 paths += [(os.path.join(directory, name), _O_FILE_FLAGS) for name in files]
                 paths.append((directory, _O_DIR_FLAGS))
             paths.append((os.path.dirname(top), _O_DIR_FLAGS))
-            for done in [_sync_pool().submit(_fsync_path, path, flags) for path, flags in paths]:
+            pool = shared_pool("fsync", _SYNC_THREADS)
+            for done in [pool.submit(_fsync_path, path, flags) for path, flags in paths]:
                 done.result()
         except OSError as e:
             raise self._error("sync", prefix, e) from e
