@@ -31,7 +31,7 @@ import pyarrow as pa
 from lance.dataset import MergeInsertBuilder
 
 import memwal_df as mw
-from memwal_df import index_builder, memwal_index, merger, storage
+from memwal_df import index_builder, memwal_index, storage
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.float64())])
 ZERO = timedelta(0)
@@ -68,7 +68,7 @@ def inject(point: str, k: int) -> None:
         setattr(owner, name, wrapped)
 
     if point == "merge_after_delete":  # pass 1 (tombstones) committed, pass 2 (upserts + marker) not
-        after(merger._Merger, "_delete", lambda ok, *a: ok)
+        after(MergeInsertBuilder, "execute", lambda r, builder, *a: not _is_upsert(builder))
     elif point == "merge_before_upsert":  # about to run pass 2's merge_insert
         before(MergeInsertBuilder, "execute", lambda builder, *a: _is_upsert(builder))
     elif point == "merge_after_upsert":  # pass 2 committed, the merger never reported it
