@@ -231,9 +231,13 @@ class RegionWriter:
         self._stats["deletes"] += 1
 
     def flush(self) -> None:
-        """Make everything written so far durable and flush it into generations; waits for it."""
+        """Make everything written so far durable and flush it into generations; waits for it.
+
+        Raises the error of a background write attempt that fails while it waits (the data stays
+        buffered and is retried); failures of attempts before the call were already retried."""
         with self._cond:
             self._check_usable()
+            self._flush_error = None  # an earlier failed attempt was retried; report only this call's
             self._seal()
             while self._sealed and self._error is None:
                 if self._flush_error is not None:
