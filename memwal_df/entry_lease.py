@@ -10,8 +10,8 @@ Entry writers (`memwal_index.replace_details`: index builder, catch-up record) t
 `exclusive()`, and mergers call `admit()` between pinning their read version and committing:
 
 - the **lease** is the newest of `_mem_wal/_entry_lease/{epoch:020}.json` (created with
-  put-if-not-exists; `{holder, expires_ms, released}`); it is *active* while neither released nor
-  expired;
+  put-if-not-exists; `{holder, expires_ms, released}`; `memwal_df.lease`); it is *active* while
+  neither released nor expired;
 - `exclusive()` takes the lease (waits while another one is active, takes an expired one over with
   the next epoch), commits a **fence** — a no-op `Merge` of the latest fragments and schema — and only
   then lets the caller read the latest details and commit. Lance conflicts every `Update` (merge or
@@ -30,11 +30,8 @@ for this; expiry only decides when a crashed writer's lease is taken over.
 from __future__ import annotations
 
 import contextlib
-import json
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import lance
@@ -42,62 +39,20 @@ import lance.commit
 from lance.dataset import LanceOperation
 
 from memwal_df import layout
-from memwal_df.errors import CommitConflictError, CorruptManifestError, NotFoundError
-from memwal_df.storage import EXISTED, Storage
+from memwal_df import lease as _lease
+from memwal_df.errors import CommitConflictError
+from memwal_df.lease import Lease
+from memwal_df.storage import Storage
 
 LEASE_DIR = layout.ENTRY_LEASE_DIR
 DEFAULT_TTL = timedelta(seconds=60)
 FENCE_MESSAGE = "memwal_df: MemWAL index entry fence"
 _FENCE_ATTEMPTS = 20
-_POLL_SECONDS = (0.01, 0.2)  # first and longest wait between looks at an active lease
-
-
-@dataclass(frozen=True)
-class Lease:
-    """One epoch of the entry-writer lease."""
-
-    epoch: int
-    holder: str
-    expires_ms: int
-    released: bool = False
-
-    def active(self, now_ms: int) -> bool:
-        return not self.released and now_ms < self.expires_ms
-
-    def encode(self) -> bytes:
-        body = {"holder": self.holder, "expires_ms": self.expires_ms, "released": self.released}
-        return json.dumps(body, sort_keys=True).encode()
-
-
-def _path(epoch: int) -> str:
-    return f"{LEASE_DIR}/{epoch:020d}.json"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _epochs(storage: Storage) -> list[int]:
-    """Every lease epoch on storage, ascending."""
-    names = storage.list_dir(LEASE_DIR)
-    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
 def current(storage: Storage) -> Lease | None:
     """The newest lease epoch, or None when no entry writer ever took the lease."""
-    while True:
-        epochs = _epochs(storage)
-        if not epochs:
-            return None
-        try:
-            raw = storage.get(_path(epochs[-1]))
-        except NotFoundError:
-            continue  # a newer epoch was taken and released meanwhile, which pruned this one
-        try:
-            body = json.loads(raw)
-            return Lease(epochs[-1], str(body["holder"]), int(body["expires_ms"]), bool(body["released"]))
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptManifestError(f"entry lease cannot be decoded ({e})", _path(epochs[-1])) from e
+    return _lease.current(storage, LEASE_DIR)
 
 
 def fence(uri: str, storage_options: dict[str, str] | None) -> int:
@@ -127,41 +82,20 @@ def fence(uri: str, storage_options: dict[str, str] | None) -> int:
     raise CommitConflictError(f"the MemWAL entry fence lost {_FENCE_ATTEMPTS} commit races in a row")
 
 
-def _wait_while_active(storage: Storage, lease: Lease) -> Lease | None:
+def _wait_while_active(storage: Storage, lease: Lease | None) -> Lease | None:
     """Poll until `lease` is no longer the active newest epoch; the newest lease then."""
-    delay = _POLL_SECONDS[0]
-    cur: Lease | None = lease
-    while cur is not None and cur.active(now := _now_ms()):
-        time.sleep(min(delay, max(0.0, (cur.expires_ms - now) / 1000)))
-        delay = min(2 * delay, _POLL_SECONDS[1])
-        cur = current(storage)
-    return cur
-
-
-def _take(storage: Storage, after: Lease | None, holder: str, ttl: timedelta, released: bool) -> Lease | None:
-    """Create the epoch after `after`; the new lease, or None if another process created it first."""
-    expires = _now_ms() + int(ttl / timedelta(milliseconds=1))
-    lease = Lease((after.epoch if after else 0) + 1, holder, expires, released)
-    return None if storage.create(_path(lease.epoch), lease.encode()) == EXISTED else lease
+    return _lease.wait_while_active(storage, LEASE_DIR, lease)
 
 
 def acquire(storage: Storage, ttl: timedelta | None = None) -> Lease:
-    """Take the lease for `ttl` (default `DEFAULT_TTL`): wait while another is active, then create
-    the next epoch."""
-    holder, ttl = str(uuid.uuid4()), DEFAULT_TTL if ttl is None else ttl
-    while True:
-        cur = _wait_while_active(storage, current(storage))
-        got = _take(storage, cur, holder, ttl, released=False)
-        if got is not None:
-            return got
+    """Take the lease for `ttl` (default `DEFAULT_TTL`) under a fresh holder name: wait while
+    another is active, then create the next epoch."""
+    return _lease.acquire(storage, LEASE_DIR, str(uuid.uuid4()), DEFAULT_TTL if ttl is None else ttl)
 
 
 def release(storage: Storage, lease: Lease) -> None:
     """Mark `lease` released and delete the epochs before it (only the newest epoch counts)."""
-    storage.put(_path(lease.epoch), replace(lease, released=True).encode())
-    for epoch in _epochs(storage):
-        if epoch < lease.epoch:
-            storage.delete(_path(epoch))
+    _lease.release(storage, LEASE_DIR, lease)
 
 
 @contextlib.contextmanager
@@ -186,5 +120,5 @@ def admit(storage: Storage, uri: str, storage_options: dict[str, str] | None) ->
     cur = _wait_while_active(storage, cur)
     if cur is not None and not cur.released:  # expired: its holder may still commit, fence it out
         fence(uri, storage_options)
-        _take(storage, cur, "takeover", timedelta(0), released=True)
+        _lease.take(storage, LEASE_DIR, cur, "takeover", timedelta(0), released=True)
     return False

@@ -27,6 +27,7 @@ from lance.dataset import LanceOperation, MergeInsertBuilder
 
 import memwal_df as mw
 from memwal_df import entry_lease, memwal_index
+from memwal_df import lease as lease_module
 from memwal_df.errors import CommitConflictError, CorruptManifestError
 from memwal_df.merger import MergeResult
 
@@ -72,7 +73,7 @@ class _MergeInsideEntryCommit:
             return done
 
         def wait(storage: Any, lease: entry_lease.Lease | None) -> Any:
-            if threading.current_thread() is self.thread and lease and lease.active(entry_lease._now_ms()):
+            if threading.current_thread() is self.thread and lease and lease.active(lease_module.now_ms()):
                 self.held_back.set()
                 self.proceed.set()
             return real_wait(storage, lease)
