@@ -19,7 +19,10 @@
    version lists, with a generation below the region's `current_generation` (a writer only flushes
    `current_generation`, so an in-flight flush is never touched);
 4. **old region manifest versions**: all but the newest `keep_manifest_versions` (>= 2, so a writer
-   can still tell its own commit from a claim).
+   can still tell its own commit from a claim);
+and, outside the regions, the region leases of Spark write jobs whose driver died before it removed
+them (`_mem_wal/_write_leases/{job}`, `memwal_df.spark.staging`): a job's directory goes once none
+of its leases expired less than `grace` ago.
 Readers skip garbage-collected generation directories; see `docs/background-jobs.md`.
 """
 
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import lance
 
-from memwal_df import layout, memwal_index
+from memwal_df import layout, lease, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import InvalidConfigError, NotFoundError, TableNotFoundError
 from memwal_df.index_catchup import maintained_indexes
@@ -66,6 +69,7 @@ class GcResult:
     """What one `gc` removed, per region."""
 
     regions: tuple[RegionGc, ...]
+    write_lease_jobs: tuple[str, ...] = ()  # Spark write jobs whose stale lease directories were deleted
 
     @property
     def generations(self) -> dict[uuid.UUID, tuple[int, ...]]:
@@ -95,7 +99,7 @@ def gc(
     floors = removable_generations(table, regions, grace)
     storage = table.storage
     done = tuple(_region(storage, r, floors[r], keep_manifest_versions) for r in regions)
-    return GcResult(done)
+    return GcResult(done, tuple(lease.remove_stale(storage, layout.WRITE_LEASE_DIR, grace)))
 
 
 def removable_generations(table: Table, regions: list[uuid.UUID], grace: timedelta) -> dict[uuid.UUID, int]:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import RegionRoutingError
 from memwal_df.region import RegionWriter, WriterConfig
+from memwal_df.region_spec import RegionSpec
 from memwal_df.schema import check_keys, check_not_null, conform, iter_tables, keys_table, tombstone_rows
 
 if TYPE_CHECKING:
@@ -137,20 +138,26 @@ class TableWriter:
         return w
 
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
-        """(region values, rows) groups of `table`, rows in their input order within each group."""
-        values = self.spec.evaluate(table, self.table.schema.field_ids)
-        codes = value_codes(values, table.num_rows)
-        order = np.argsort(codes, kind="stable")
-        sorted_codes = codes[order]
-        starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
-        ends = np.r_[starts[1:], len(order)]
-        grouped = table.take(pa.array(order)) if len(starts) > 1 else table
-        out = []
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            row = int(order[start])
-            key = region_of_row(values, row)
-            out.append((key, grouped.slice(start, end - start)))
-        return out
+        return group_by_region(self.spec, self.table.schema.field_ids, table)
+
+
+def group_by_region(
+    spec: RegionSpec, field_ids: dict[str, int], table: pa.Table
+) -> list[tuple[tuple[Any, ...], pa.Table]]:
+    """(region values, rows) groups of `table` under `spec`, rows in their input order within each
+    group (one vectorized spec evaluation and a stable sort by the value tuples' codes)."""
+    values = spec.evaluate(table, field_ids)
+    codes = value_codes(values, table.num_rows)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    grouped = table.take(pa.array(order)) if len(starts) > 1 else table
+    out = []
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        key = region_of_row(values, int(order[start]))
+        out.append((key, grouped.slice(start, end - start)))
+    return out
 
 
 def value_codes(values: list[pa.Array], num_rows: int) -> np.ndarray:

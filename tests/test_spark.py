@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import json
 import os
 import pathlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,14 +20,16 @@ import pytest
 from reference import model_rows, stored_rows
 
 import memwal_df as mw
+from memwal_df import layout, lease
 from memwal_df.errors import RegionRoutingError, SchemaMismatchError
 from memwal_df.wal import Wal
-from memwal_df.writer import region_of_row
+from memwal_df.writer import TableWriter, region_of_row
 
 pytest.importorskip("pyspark")
 
 from memwal_df import spark as mws  # noqa: E402
-from memwal_df.spark.source import MemWalDataSource, MemWalWriter, TableRef  # noqa: E402
+from memwal_df.spark.source import MemWalDataSource, MemWalWriter, StagedWriter, TableRef  # noqa: E402
+from memwal_df.spark.staging import RegionStage, stage_batches  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -89,13 +93,21 @@ def normalized(data: pa.Table | list[dict[str, Any]]) -> dict[Any, dict[str, Any
 def spark_rows(spark, uri: str, options: dict[str, str] | None = None, where: str | None = None):
     reader = spark.read.format("memwal")
     if options:
-        import json
-
         reader = reader.option("storage_options", json.dumps(options))
     df = reader.load(uri)
     if where is not None:
         df = df.where(where)
     return df.toArrow()
+
+
+def save(df, uri: str, options: dict[str, str] | None = None, fmt: str = "memwal", **settings: Any) -> None:
+    """`df.write.format(fmt).mode("append").save(uri)`, rows not routed, with data source options."""
+    writer = df.write.format(fmt).mode("append")
+    if options:
+        writer = writer.option("storage_options", json.dumps(options))
+    for key, value in settings.items():
+        writer = writer.option(key, str(value))
+    writer.save(uri)
 
 
 # ------------------------------------------------------------------------------ ingest and read
@@ -130,20 +142,109 @@ def test_ingest_then_read_back_equals_the_model(spark, table_uri, table_storage_
     assert len(regions) == 4 and all(r.flushed_generations for r in regions)
 
 
-def test_unrouted_rows_and_overwrite_are_refused(spark, tmp_path):
+def test_overwrite_and_unroutable_rows_are_refused(spark, tmp_path):
     uri = str(tmp_path / "t")
     mw.create_table(uri, SCHEMA, "id", region_spec=mw.bucket("id", 4))
     df = to_spark(spark, rows(range(10), 0))
-    with pytest.raises(Exception, match="not routed"):
-        df.write.format("memwal").mode("append").save(uri)
     with pytest.raises(Exception, match="only appends"):
         mws.route(df, mw.open_table(uri)).write.format("memwal").mode("overwrite").save(uri)
+    with pytest.raises(Exception, match="only appends"):
+        df.write.format("memwal").mode("overwrite").save(uri)
+    with pytest.raises(Exception, match="ErrorIfExists"):
+        df.write.format("memwal").save(uri)  # Spark's default mode, which Python data sources lack
     with pytest.raises(SchemaMismatchError):
         mws.delete(df.select("id", "category"), uri)  # not key columns only
+    with pytest.raises(Exception, match="not in the primary key"):
+        save(df.select("id", "category"), uri, operation="delete")
+    with pytest.raises(Exception, match="lease_ttl_s"):
+        save(df, uri, lease_ttl_s="soon")
     assert mw.MemWalTable(uri).to_table().num_rows == 0
     by_category = mw.create_table(str(tmp_path / "c"), SCHEMA, "id", region_spec=mw.identity("category"))
     with pytest.raises(RegionRoutingError, match="non-key columns"):
         mws.delete(df.select("id"), by_category)
+    with pytest.raises(Exception, match="non-key columns"):
+        save(df.select("id"), by_category.uri, operation="delete")
+
+
+# ------------------------------------------------------------------------------ unrouted saves
+
+
+def test_unrouted_saves_of_many_partitions_equal_the_model(spark, table_uri, table_storage_options):
+    base = rows(range(0, 600, 3), 0)
+    options = table_storage_options
+    table = mw.create_table(table_uri, base, "id", region_spec=mw.bucket("id", 4), storage_options=options)
+    first, second = rows(range(0, 1500), 1), rows(range(700, 2400, 2), 2)
+    dead = pa.table({"id": pa.array(range(0, 2400, 13), pa.int64())})
+    # round-robin partitions: every partition holds rows of every region
+    save(to_spark(spark, first).repartition(6), table_uri, options, stage_memory_bytes=50_000)  # spills
+    save(to_spark(spark, second).repartition(5), table_uri, options)
+    save(spark.createDataFrame(dead).repartition(3), table_uri, options, operation="delete")
+    model = {**normalized(base), **normalized(first), **normalized(second)}
+    for k in dead.column("id").to_pylist():
+        model.pop(k, None)
+
+    assert normalized(mw.MemWalTable(table_uri, options).to_table()) == model
+    assert normalized(list(stored_rows(table).values())) == model  # the row-by-row oracle
+    assert normalized(spark_rows(spark, table_uri, options)) == model
+    assert table.storage.list_dir(layout.WRITE_LEASE_DIR) == []  # each commit removed its job's leases
+    # one claim and one generation per task and region: tasks never fenced each other
+    regions = table.status()["regions"]
+    assert len(regions) == 4
+    assert all(r.writer_epoch == len(r.flushed_generations) == 6 + 5 + 3 for r in regions)
+
+
+def test_unrouted_puts_and_deletes_over_several_jobs(spark, tmp_path):
+    """Random puts and deletes in separate jobs on an expression spec (routed in the tasks only);
+    then a crashed driver's leftover leases are removed by `table.gc()`."""
+    uri = str(tmp_path / "t")
+    table = mw.create_table(uri, SCHEMA, "id", region_spec=mw.expression("col0 % 5", ["id"], pa.int64()))
+    rng = np.random.default_rng(11)
+    model: dict[Any, dict[str, Any]] = {}
+    for step in range(1, 4):
+        puts = rows(np.sort(rng.choice(3000, 800, replace=False)), step)
+        save(to_spark(spark, puts).repartition(4), uri)
+        model.update(normalized(puts))
+        dead = rng.choice(3000, 300, replace=False).tolist()
+        save(
+            spark.createDataFrame(pa.table({"id": pa.array(dead, pa.int64())})).repartition(3),
+            uri,
+            operation="delete",
+            durable="false",
+        )
+        for k in dead:
+            model.pop(k, None)
+        assert normalized(mw.MemWalTable(uri).to_table()) == model, step
+    assert normalized(list(stored_rows(table).values())) == model
+    assert {r.region_id for r in table.status()["regions"]} == {table.region_id_for((v,)) for v in range(5)}
+    region = table.region_ids()[0]
+    lease.acquire(table.storage, layout.write_lease_dir("crashed", region), "crashed:0", dt.timedelta(0))
+    assert table.storage.list_dir(layout.WRITE_LEASE_DIR) == ["crashed"]
+    assert table.gc().write_lease_jobs == ()  # expired less than the grace period ago
+    assert table.gc(grace=dt.timedelta(0)).write_lease_jobs == ("crashed",)
+    assert table.storage.list_dir(layout.WRITE_LEASE_DIR) == []
+
+
+def test_region_stage_spills_and_keeps_each_regions_rows_in_order(tmp_path):
+    table = mw.create_table(str(tmp_path / "t"), SCHEMA, "id", region_spec=mw.bucket("id", 3))
+    data = rows(np.random.default_rng(3).permutation(2000), 0)
+    spill_root = tmp_path / "spill"
+    spill_root.mkdir()
+    batches = data.to_batches(max_chunksize=128)
+    with RegionStage(table.schema.schema, 40_000, str(spill_root)) as stage:
+        assert stage_batches(table, batches, "upsert", stage) == data.num_rows
+        assert stage.spills > 0 and list(spill_root.iterdir())
+        regions = table.spec.evaluate(data, table.schema.field_ids)[0].to_pylist()
+        by_region = {table.region_id_for((v,)): v for v in set(regions)}
+        assert set(stage.regions) == set(by_region)
+        for region, value in by_region.items():
+            want = data.filter(pa.array([r == value for r in regions])).cast(stage.schema)
+            for _ in range(2):  # may be read again (a region written again after a fence)
+                chunks = list(stage.chunks(region, 300))
+                assert all(c.num_rows >= 300 for c in chunks[:-1])
+                got = pa.concat_tables(chunks)
+                assert got.column("id").equals(want.column("id"))  # in input order
+                assert normalized(got) == normalized(want)  # (NaN values: Table.equals is False)
+    assert not list(spill_root.iterdir())  # close() removed the spill files
 
 
 # ------------------------------------------------------------------------------ routing
@@ -291,40 +392,57 @@ def test_spark_merge_equals_table_merge(spark, tmp_path):
 # ------------------------------------------------------------------------------ failures
 
 
+def die_once(marker: str) -> Callable[[], None]:
+    """A function that exits its Python worker (kills the task) unless a task did so before (`marker`
+    exists). A closure, so that Spark's workers get it by value (they cannot import this module)."""
+
+    def die() -> None:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        os._exit(1)
+
+    return die
+
+
+def register_writer(spark, name: str, make_writer: Any) -> str:
+    """Register a "memwal" data source named `name` whose writer is `make_writer(ref, schema, options)`."""
+
+    class Source(MemWalDataSource):
+        @classmethod
+        def name(cls):
+            return name
+
+        def writer(self, schema, overwrite):
+            return make_writer(TableRef.from_options(self.options), schema, self.options)
+
+    spark.dataSource.register(Source)
+    return name
+
+
 def test_a_task_killed_mid_write_leaves_the_table_correct(spark, tmp_path):
     uri = str(tmp_path / "t")
     table = mw.create_table(uri, rows(range(100), 0), "id", region_spec=mw.bucket("id", 2))
     marker = str(tmp_path / "killed")
+    die = die_once(marker)
 
     class KilledOnce(MemWalWriter):
         def write(self, iterator):
             def batches():
                 for i, batch in enumerate(iterator):
                     if i == 1:  # batch 0 is in the WAL (durable put): die while writing
-                        try:
-                            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-                        except FileExistsError:
-                            pass  # another task died already: this one writes
-                        else:
-                            os._exit(1)
+                        die()
                     yield batch
 
             return super().write(batches())
 
-    class KillingSource(MemWalDataSource):
-        @classmethod
-        def name(cls):
-            return "memwal_killed_once"
-
-        def writer(self, schema, overwrite):
-            return KilledOnce(TableRef.from_options(self.options), self.options)
-
-    spark.dataSource.register(KillingSource)
+    source = register_writer(spark, "memwal_killed_once", lambda ref, _, options: KilledOnce(ref, options))
     data = rows(range(50, 4050), 1)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "200")
     try:
         routed = mws.route(to_spark(spark, data), table)
-        routed.write.format("memwal_killed_once").mode("append").save(uri)
+        routed.write.format(source).mode("append").save(uri)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert os.path.exists(marker)
@@ -336,6 +454,42 @@ def test_a_task_killed_mid_write_leaves_the_table_correct(spark, tmp_path):
     assert retried
     entries = [e for r in retried for e in Wal(table.storage, r.region_id).scan(1)]
     assert any(e.writer_epoch == 1 and not e.is_sentinel and e.num_rows for e in entries)
+
+
+def test_a_task_killed_mid_unrouted_write_leaves_the_table_correct(spark, tmp_path):
+    """The first task to write a region dies after its rows are in the WAL, holding the region's
+    lease; its retry takes the lease over, claims the region (replaying them) and writes it again."""
+    uri = str(tmp_path / "t")
+    table = mw.create_table(uri, rows(range(100), 0), "id", region_spec=mw.bucket("id", 3))
+    marker = str(tmp_path / "killed")
+    die = die_once(marker)
+
+    class KilledInRegion(StagedWriter):
+        def write(self, iterator):
+            real = TableWriter.put
+
+            def put(writer, data):
+                real(writer, data)  # durable: in the WAL, not flushed
+                die()
+
+            TableWriter.put = put
+            try:
+                return super().write(iterator)
+            finally:
+                TableWriter.put = real
+
+    source = register_writer(spark, "memwal_unrouted_killed_once", KilledInRegion)
+    data = rows(range(50, 4050), 1)
+    save(to_spark(spark, data).repartition(4), uri, fmt=source, lease_ttl_s=10)
+    assert os.path.exists(marker)
+    model = {**normalized(rows(range(100), 0)), **normalized(data)}
+    assert normalized(mw.MemWalTable(uri).to_table()) == model
+    assert normalized(list(stored_rows(table).values())) == model
+    assert table.storage.list_dir(layout.WRITE_LEASE_DIR) == []
+    # 4 tasks x 3 regions claims, each flushed once, and the killed attempt's claim, never flushed
+    regions = table.status()["regions"]
+    assert sum(r.writer_epoch for r in regions) == 4 * 3 + 1
+    assert sum(len(r.flushed_generations) for r in regions) == 4 * 3
 
 
 # ------------------------------------------------------------------------------ filters and pruning

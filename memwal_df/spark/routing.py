@@ -165,18 +165,25 @@ def _spec(table: Table) -> RegionSpec:
     return table.spec
 
 
-def route(df: DataFrame, table: Table, keys_only: bool = False) -> DataFrame:
-    """`df` with its rows' region in `ROUTE`, repartitioned so each region is in one partition.
-
-    `keys_only`: `df` holds primary keys to delete (the spec must read key columns only)."""
+def check_routable(table: Table, columns: list[str], keys_only: bool) -> RegionSpec:
+    """The table's region spec, after checking that rows of `columns` (primary keys only if
+    `keys_only`) can be routed with it: `SchemaMismatchError` / `RegionRoutingError` if not."""
     spec, ts = _spec(table), table.schema
     allowed = ts.key_schema.names if keys_only else ts.schema.names
-    extra = [c for c in df.columns if c not in allowed]
+    extra = [c for c in columns if c not in allowed]
     if extra:
         what = "the primary key" if keys_only else "the table"
         raise SchemaMismatchError(f"columns {extra} are not in {what} of {table.uri}")
     if keys_only and not spec.reads_only(ts.field_ids[c] for c in ts.primary_key):
         raise RegionRoutingError("the region spec reads non-key columns, so a key alone cannot be routed")
+    return spec
+
+
+def route(df: DataFrame, table: Table, keys_only: bool = False) -> DataFrame:
+    """`df` with its rows' region in `ROUTE`, repartitioned so each region is in one partition.
+
+    `keys_only`: `df` holds primary keys to delete (the spec must read key columns only)."""
+    spec = check_routable(table, df.columns, keys_only)
     if isinstance(spec.fields[0].transform, Unsharded) and len(spec.fields) == 1:
         return df.withColumn(ROUTE, F.lit(0)).repartition(1)
     routed = _bucket_expression(df, table, spec)

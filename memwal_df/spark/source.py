@@ -11,15 +11,17 @@ Each Spark task re-plans the pinned snapshot (`memwal_df.snapshot.pin` / `restor
 partition's operator tree. Pushed filters (`memwal_df.spark.filters`) are applied exactly, after
 deduplication. Option `base_partitions` (default: this machine's cores) sets the base spans.
 
-Write (mode "append"): rows must come routed by `memwal_df.spark.route` (column `__memwal_region`,
-one partition per region); `memwal_df.spark.write` / `delete` do that. Each task writes its rows
-through a `TableWriter` (which routes them again, exactly): it claims each of its regions, which
-fences every earlier writer of that region, including a failed or still running attempt of the
-same task; it writes durably (option `durable`, default true: one WAL entry per batch and region)
-and flushes and closes every region at the end, so a finished task's rows are in flushed
-generations. A failed attempt's durable writes are replayed by the retry, which writes the same
-rows again (upserts and deletes are idempotent). Option `operation` = "upsert" (default) or
-"delete" (rows are primary keys).
+Write (mode "append"), option `operation` = "upsert" (default) or "delete" (rows are primary keys),
+option `durable` (default true: one fsync'd WAL entry per batch and region):
+* routed rows (column `__memwal_region`, one partition per region: `memwal_df.spark.route`, used by
+  `memwal_df.spark.write` / `delete`) are written by `MemWalWriter`: each task writes its rows
+  through a `TableWriter`, which claims each of its regions (fencing every earlier writer of the
+  region, including a failed or still running attempt of the same task) and flushes and closes them
+  at the end, so a finished task's rows are in flushed generations. A retry replays what a failed
+  attempt wrote durably and writes the same rows again (upserts and deletes are idempotent);
+* any other DataFrame is written by `StagedWriter`: each task stages its rows per region and writes
+  one region at a time under a per-job region lease (`memwal_df.spark.staging`; options
+  `stage_memory_bytes`, `spill_dir`, `lease_ttl_s`).
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from memwal_df.errors import InvalidConfigError, RegionRoutingError
+from memwal_df import lease
+from memwal_df.errors import InvalidConfigError
 from memwal_df.planner import Partition, plan_scan
 from memwal_df.predicate import column_predicates
 from memwal_df.snapshot import PinnedSnapshot, pin, restore, take_snapshot
 from memwal_df.spark.filters import conjunction, to_expression
-from memwal_df.spark.routing import ROUTE
+from memwal_df.spark.routing import ROUTE, check_routable
+from memwal_df.spark.staging import RegionStage, StagedJob, stage_batches, stage_schema, write_regions
 from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
 from memwal_df.table import Table, open_table
 
@@ -82,7 +86,7 @@ class TableRef:
 
 
 class MemWalDataSource(DataSource):
-    """`spark.read.format("memwal").load(uri)` and routed `df.write.format("memwal")`."""
+    """`spark.read.format("memwal").load(uri)` and `df.write.format("memwal").mode("append").save(uri)`."""
 
     @classmethod
     def name(cls) -> str:
@@ -97,12 +101,10 @@ class MemWalDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
         if overwrite:
             raise InvalidConfigError('the "memwal" data source only appends (upserts): use mode("append")')
-        if ROUTE not in schema.names:
-            raise RegionRoutingError(
-                "rows are not routed: write with memwal_df.spark.write(df, uri) "
-                "(or memwal_df.spark.route(df, table) before df.write.format('memwal'))"
-            )
-        return MemWalWriter(TableRef.from_options(self.options), self.options)
+        ref = TableRef.from_options(self.options)
+        if ROUTE in schema.names:
+            return MemWalWriter(ref, self.options)
+        return StagedWriter(ref, schema, self.options)
 
 
 # ------------------------------------------------------------------------------------------ read
@@ -178,6 +180,17 @@ class WriteReport(WriterCommitMessage):
     regions: dict[uuid.UUID, int]
     rows: int
 
+    @classmethod
+    def of_task(cls, regions: dict[uuid.UUID, int], rows: int) -> WriteReport:
+        """The report of the running Spark task (partition 0, attempt 0 outside a task)."""
+        ctx = TaskContext.get()
+        return cls(_partition(), ctx.attemptNumber() if ctx else 0, regions, rows)
+
+
+def _partition() -> int:
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx else 0
+
 
 class MemWalWriter(DataSourceArrowWriter):
     def __init__(self, ref: TableRef, options: dict[str, str]) -> None:
@@ -188,7 +201,7 @@ class MemWalWriter(DataSourceArrowWriter):
         self.durable = options.get("durable", "true").lower() != "false"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
-        """Write this task's rows (see the module docstring); the task's regions are flushed at the end."""
+        """Write this task's routed rows (see the module docstring); its regions are flushed at the end."""
         table = self.ref.open()
         rows = 0
         with table.writer(durable=self.durable) as writer:
@@ -200,8 +213,7 @@ class MemWalWriter(DataSourceArrowWriter):
                     writer.put(data)
                 rows += batch.num_rows
             regions = {rid: w.epoch for rid, w in writer.writers.items()}
-        ctx = TaskContext.get()
-        return WriteReport(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0, regions, rows)
+        return WriteReport.of_task(regions, rows)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing to publish: every task flushed its regions before reporting (per-region
@@ -213,3 +225,32 @@ class MemWalWriter(DataSourceArrowWriter):
         durably, so the table shows a settled state (rows of finished tasks and failed attempts'
         durable writes; a re-run of the job writes the rest)."""
         self.ref.open().recover()
+
+
+class StagedWriter(MemWalWriter):
+    """Writes rows that are not routed: each task stages its rows per region and writes one region
+    at a time under the job's lease on it (`memwal_df.spark.staging`); commit and abort remove the
+    job's leases (abort then recovers, as `MemWalWriter.abort`)."""
+
+    def __init__(self, ref: TableRef, schema: StructType, options: dict[str, str]) -> None:
+        super().__init__(ref, options)
+        check_routable(ref.open(), schema.names, keys_only=self.operation == "delete")
+        self.job = StagedJob.from_options(self.operation, self.durable, options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
+        """Stage this task's rows, then write them region by region (module `staging`)."""
+        table, job = self.ref.open(), self.job
+        with RegionStage(stage_schema(table, job.operation), job.memory_bytes, job.spill_dir) as stage:
+            rows = stage_batches(table, iterator, job.operation, stage)
+            regions = write_regions(table, stage, job, holder=f"{job.job}:{_partition()}")
+        return WriteReport.of_task(regions, rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Remove the job's leases (every task flushed its regions before reporting)."""
+        lease.remove(self.ref.open().storage, self.job.lease_dir())
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Remove the job's leases (a task still running then gives up after its next fence), then
+        recover every region with unflushed WAL entries (`MemWalWriter.abort`)."""
+        lease.remove(self.ref.open().storage, self.job.lease_dir())
+        super().abort(messages)

@@ -1,0 +1,268 @@
+"""Unrouted Spark writes: a task stages its rows per region, then writes one region at a time.
+
+A task of `df.write.format("memwal").save(uri)` without the routing column may hold rows of any
+region, and so may every other task of the job. Each task
+
+1. **stages** its partition: every Arrow batch is validated (`conform`, keys, NULLs) and grouped by
+   region with the table writer's vectorized routing (`memwal_df.writer.group_by_region`); the groups
+   are kept per region in memory up to `stage_memory_bytes`, beyond that the largest region's rows
+   are spilled to an Arrow IPC stream file in a private temporary directory (`RegionStage`);
+2. **writes** each staged region under the job's lease on that region
+   (`_mem_wal/_write_leases/{job}/{region}`, `memwal_df.lease`, holder = job + partition): it tries
+   the free regions first and waits only when every region left is busy, and it holds no lease while
+   it waits and at most one while it writes, so tasks never deadlock. The lease is renewed while the
+   region is written and released after it; a retried attempt of the partition (the same holder)
+   takes its predecessor's leases over at once, and a dead task's leases expire after `lease_ttl_s`.
+   A region is written through a `TableWriter` (claim, replay, puts or deletes, flush, close): one
+   generation per task and region.
+
+The lease only keeps tasks of a job from fencing each other back and forth; correctness comes from
+region fencing. A task whose writer is fenced looks at the region's lease: if the job's leases are
+gone (the job committed or aborted) or a newer attempt of its own partition holds it, it fails;
+otherwise (another task took the lease over after it expired, or a writer outside the job claimed
+the region) it takes the lease again and writes all its rows of the region again — a claim replays
+what it wrote durably, and upserts and deletes are idempotent.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from memwal_df import layout, lease
+from memwal_df.errors import InvalidConfigError, WriterFencedError
+from memwal_df.schema import check_keys, check_not_null, conform, keys_table
+from memwal_df.storage import Storage
+from memwal_df.table import Table
+from memwal_df.writer import group_by_region
+
+DEFAULT_STAGE_MEMORY_BYTES = 256 * 1024 * 1024
+DEFAULT_LEASE_TTL = timedelta(seconds=60)
+MAX_CLAIMS = 5  # claims of one region by one task (each after a fence) before the task fails
+_POLL_SECONDS = (0.02, 0.5)  # first and longest wait when every region left is busy
+
+
+@dataclass(frozen=True)
+class StagedJob:
+    """The settings of one unrouted write job, as the driver sends them to its tasks."""
+
+    job: str
+    operation: str  # "upsert" or "delete"
+    durable: bool
+    memory_bytes: int = DEFAULT_STAGE_MEMORY_BYTES
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL
+    spill_dir: str | None = None
+
+    @classmethod
+    def from_options(cls, operation: str, durable: bool, options: dict[str, str]) -> StagedJob:
+        """A new job (fresh id) with the data source options `stage_memory_bytes`, `lease_ttl_s`
+        and `spill_dir`."""
+        try:
+            memory = int(options.get("stage_memory_bytes") or DEFAULT_STAGE_MEMORY_BYTES)
+            ttl = float(options.get("lease_ttl_s") or DEFAULT_LEASE_TTL.total_seconds())
+        except ValueError as e:
+            raise InvalidConfigError(f"stage_memory_bytes / lease_ttl_s must be numbers: {e}") from e
+        if memory < 0 or ttl <= 0:
+            raise InvalidConfigError("stage_memory_bytes must be >= 0 and lease_ttl_s > 0")
+        spill = options.get("spill_dir") or None
+        return cls(uuid.uuid4().hex, operation, durable, memory, timedelta(seconds=ttl), spill)
+
+    def lease_dir(self, region: uuid.UUID | None = None) -> str:
+        return layout.write_lease_dir(self.job, region)
+
+
+class RegionStage:
+    """One task's rows grouped by region, in input order per region: in memory up to `memory_bytes`
+    in all, beyond that the largest region's rows in memory are appended to its Arrow IPC stream
+    file in a private temporary directory under `spill_dir`. `close()` deletes the files."""
+
+    def __init__(self, schema: pa.Schema, memory_bytes: int, spill_dir: str | None = None) -> None:
+        self.schema = schema
+        self.memory_bytes = memory_bytes
+        self.spill_dir = spill_dir
+        self.spills = 0  # how many times rows were spilled
+        self._memory: dict[uuid.UUID, list[pa.Table]] = {}
+        self._bytes: dict[uuid.UUID, int] = {}
+        self._files: dict[uuid.UUID, tuple[str, pa.ipc.RecordBatchStreamWriter | None]] = {}
+        self._dir: str | None = None
+
+    @property
+    def regions(self) -> list[uuid.UUID]:
+        """The staged regions, in the order their first rows came."""
+        return list(self._memory)
+
+    def add(self, region: uuid.UUID, rows: pa.Table) -> None:
+        """Stage `rows` (of `schema`) of `region`, spilling while memory holds more than allowed."""
+        self._memory.setdefault(region, []).append(rows)
+        self._bytes[region] = self._bytes.get(region, 0) + rows.nbytes
+        while sum(self._bytes.values()) > self.memory_bytes:
+            self._spill(max(self._bytes, key=self._bytes.__getitem__))
+
+    def _spill(self, region: uuid.UUID) -> None:
+        path, writer = self._files.get(region, (None, None))
+        if path is None:
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="memwal-stage-", dir=self.spill_dir)
+            path = f"{self._dir}/{region}.arrows"
+            writer = pa.ipc.new_stream(path, self.schema)
+        assert writer is not None, "rows are staged after they were read"
+        for rows in self._memory[region]:
+            writer.write_table(rows)
+        self._files[region] = (path, writer)
+        self._memory[region] = []
+        self._bytes[region] = 0
+        self.spills += 1
+
+    def _batches(self, region: uuid.UUID) -> Iterator[pa.RecordBatch | pa.Table]:
+        if region in self._files:
+            path, writer = self._files[region]
+            if writer is not None:
+                writer.close()
+                self._files[region] = (path, None)
+            with pa.memory_map(path) as source:
+                yield from pa.ipc.open_stream(source)
+        yield from self._memory[region]
+
+    def chunks(self, region: uuid.UUID, max_rows: int) -> Iterator[pa.Table]:
+        """The rows of `region` in their staged order, as tables of about `max_rows` rows (staged
+        pieces are combined until they reach it). May be read again; stage nothing after reading."""
+        yield from _coalesce(self._batches(region), max_rows)
+
+    def close(self) -> None:
+        for _, writer in self._files.values():
+            if writer is not None:
+                writer.close()
+        self._files.clear()
+        self._memory.clear()
+        self._bytes.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> RegionStage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _coalesce(pieces: Iterable[pa.RecordBatch | pa.Table], max_rows: int) -> Iterator[pa.Table]:
+    """`pieces` combined into tables of at least `max_rows` rows (the last one may be shorter)."""
+    buffer: list[pa.Table] = []
+    rows = 0
+    for piece in pieces:
+        buffer.append(piece if isinstance(piece, pa.Table) else pa.Table.from_batches([piece]))
+        rows += piece.num_rows
+        if rows >= max_rows:
+            yield pa.concat_tables(buffer)
+            buffer, rows = [], 0
+    if rows:
+        yield pa.concat_tables(buffer)
+
+
+def stage_batches(table: Table, batches: Iterable[pa.RecordBatch], operation: str, stage: RegionStage) -> int:
+    """Validate every batch as `TableWriter.put` / `delete` does and stage its rows by region (the
+    table writer's routing); returns the number of rows."""
+    ts, spec = table.schema, table.spec
+    assert spec is not None, "the driver refuses tables without a region spec"
+    total = 0
+    for batch in batches:
+        if operation == "delete":
+            rows = conform(keys_table(ts, batch), ts.key_schema, what="delete keys")
+            check_keys(rows, ts.primary_key)
+        else:
+            rows = conform(pa.Table.from_batches([batch]), ts.schema)
+            check_keys(rows, ts.primary_key)
+            check_not_null(rows)
+        if rows.num_rows == 0:
+            continue
+        for values, group in group_by_region(spec, ts.field_ids, rows):
+            stage.add(table.region_id_for(values), group)
+        total += batch.num_rows
+    return total
+
+
+def stage_schema(table: Table, operation: str) -> pa.Schema:
+    """The schema of staged rows: the table's, or its key columns' for deletes."""
+    return table.schema.key_schema if operation == "delete" else table.schema.schema
+
+
+def write_regions(table: Table, stage: RegionStage, job: StagedJob, holder: str) -> dict[uuid.UUID, int]:
+    """Write every staged region under the job's lease on it, free regions first, waiting (without
+    holding a lease) while all regions left are busy; region id -> the epoch it was written with."""
+    pending = stage.regions
+    epochs: dict[uuid.UUID, int] = {}
+    delay = _POLL_SECONDS[0]
+    while pending:
+        busy = []
+        for region in pending:
+            held = lease.try_acquire(table.storage, job.lease_dir(region), holder, job.lease_ttl)
+            if held is None:
+                busy.append(region)
+            else:
+                epochs[region] = _write_leased(table, stage, job, region, held)
+        if busy and len(busy) == len(pending):
+            time.sleep(delay)
+            delay = min(2 * delay, _POLL_SECONDS[1])
+        else:
+            delay = _POLL_SECONDS[0]
+        pending = busy
+    return epochs
+
+
+def _write_leased(
+    table: Table, stage: RegionStage, job: StagedJob, region: uuid.UUID, held: lease.Lease
+) -> int:
+    """Write `region` holding (and renewing) `held`, then release it; after a fence, claim and write
+    the region again if `_lease_after_fence` allows it (see the module docstring)."""
+    storage, directory = table.storage, job.lease_dir(region)
+    renewal = lease.Renewal(storage, directory, held, job.lease_ttl)
+    owned = True
+    try:
+        for _ in range(MAX_CLAIMS):
+            try:
+                return _write_region(table, stage, job, region)
+            except WriterFencedError:
+                mine = _lease_after_fence(storage, directory, renewal.stop(), held.holder, job.lease_ttl)
+                if mine is None:
+                    owned = False
+                    raise
+                renewal = lease.Renewal(storage, directory, mine, job.lease_ttl)
+        raise WriterFencedError(
+            f"region {region} was claimed away {MAX_CLAIMS} times while this task wrote it"
+        )
+    finally:
+        last = renewal.stop()
+        if owned and last is not None:
+            lease.release(storage, directory, last)
+
+
+def _lease_after_fence(
+    storage: Storage, directory: str, mine: lease.Lease | None, holder: str, ttl: timedelta
+) -> lease.Lease | None:
+    """After this task's writer of a region was fenced: the lease to write the region again with
+    (ours, or taken again after the task that took it over released it), or None to give up because
+    the job's leases are gone (it committed or aborted) or a newer attempt of the partition holds it."""
+    cur = lease.current(storage, directory)
+    if cur is None or (cur.holder == holder and (mine is None or cur.epoch > mine.epoch)):
+        return None
+    if mine is not None and cur.epoch == mine.epoch:
+        return mine  # still ours: a writer outside the job claimed the region
+    return lease.acquire(storage, directory, holder, ttl)  # another task took it over after expiry
+
+
+def _write_region(table: Table, stage: RegionStage, job: StagedJob, region: uuid.UUID) -> int:
+    """Claim `region` and write all its staged rows, then flush and close; the epoch written with."""
+    with table.writer(durable=job.durable) as writer:
+        write: Any = writer.delete if job.operation == "delete" else writer.put
+        for chunk in stage.chunks(region, writer.config.max_memtable_rows):
+            write(chunk)
+        return writer.writers[region].epoch
