@@ -5,9 +5,12 @@ run and on the same disk:
 
 * ingest: `--rows` upserts (half updates of base keys, half new keys) into a table whose base holds
   `--base` rows, (a) through Spark, `memwal_df.spark.write` (routing, shuffle, one task per region,
-  durable writes, a flush per region at the end), and (b) through one process's `TableWriter`
-  (durable, `--batch`-row puts, closed at the end). The Spark DataFrame is cached and counted before
-  the clock starts, so neither side pays for producing its input; both end with everything flushed.
+  durable writes, a flush per region at the end), (b) through Spark, the unrouted
+  `df.write.format("memwal").mode("append").save(uri)` (no shuffle: each task stages its partition
+  per region and writes the regions one at a time under the job's region leases; a generation per
+  task and region), and (c) through one process's `TableWriter` (durable, `--batch`-row puts, closed
+  at the end). The Spark DataFrame is cached and counted before the clock starts, so no side pays
+  for producing its input; all end with everything flushed, and the three tables are checked equal.
 * read: every live row of the ingested table (base + unmerged generations, all columns), (a) through
   `spark.read.format("memwal")` into Spark's no-op sink and (b) through `MemWalTable` with DataFusion
   (`SELECT *`), read back fully.
@@ -72,21 +75,32 @@ def main() -> int:
     spark = mws.session(master="local[2]", conf={"spark.sql.execution.arrow.maxRecordsPerBatch": args.batch})
     try:
         uris = {}
-        for name in ("spark", "writer"):
+        for name in ("spark", "unrouted", "writer"):
             uris[name] = str(root / name)
             mw.create_table(uris[name], work.base, "id", region_spec=mw.bucket("id", NUM_REGIONS))
         df = spark_frame(spark, upserts)
+        partitions = df.rdd.getNumPartitions()
 
         def python_ingest() -> None:
             with mw.open_table(uris["writer"]).writer(durable=True) as w:
                 for batch in work.batches:
                     w.put(batch)
 
+        def unrouted_ingest() -> None:
+            df.write.format("memwal").mode("append").save(uris["unrouted"])
+
         ingest = {
             "spark": timed(lambda: mws.write(df, uris["spark"])),
+            "unrouted": timed(unrouted_ingest),
             "writer": timed(python_ingest),
         }
-        live = mw.MemWalTable(uris["spark"]).to_table(columns=["id"]).num_rows
+        tables = {name: mw.MemWalTable(uri).to_table().sort_by("id") for name, uri in uris.items()}
+        assert tables["spark"].equals(tables["writer"]) and tables["unrouted"].equals(tables["writer"])
+        live = tables["spark"].num_rows
+        generations = {
+            name: sum(len(r.flushed_generations) for r in mw.open_table(uri).status()["regions"])
+            for name, uri in uris.items()
+        }
 
         def spark_read() -> None:
             spark.read.format("memwal").load(uris["spark"]).write.format("noop").mode("overwrite").save()
@@ -107,6 +121,9 @@ def main() -> int:
         "live_rows": live,
         "ingest_rows_per_s": {k: args.rows / v for k, v in ingest.items()},
         "ingest_spark_over_writer": ingest["writer"] / ingest["spark"],
+        "ingest_unrouted_over_spark": ingest["spark"] / ingest["unrouted"],
+        "spark_partitions": partitions,
+        "generations": generations,
         "read_rows_per_s": {k: live / v for k, v in read.items()},
         "read_spark_over_memwaltable": read["memwaltable"] / read["spark"],
     }

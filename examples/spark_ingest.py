@@ -1,9 +1,10 @@
 """Distributed ingest with Spark: a MemWAL table fed by Spark jobs, read back through Spark.
 
 Creates a table with 4 bucket regions, upserts 20,000 events (vectors included) from a Spark
-DataFrame, updates half of them and deletes some in later jobs, merges the regions in parallel
-Spark tasks, then reads the table with `spark.read.format("memwal")` and checks it against a
-model. The same code runs on a cluster: see docs/spark.md (an `s3://` URI plus storage options).
+DataFrame (routed), updates half of them (a plain `df.write.format("memwal")` save) and deletes
+some in later jobs, merges the regions in parallel Spark tasks, then reads the table with
+`spark.read.format("memwal")` and checks it against a model. The same code runs on a cluster:
+see docs/spark.md (an `s3://` URI plus storage options).
 
 Usage: python examples/spark_ingest.py [DIRECTORY]   (default: ./demo-data/spark, recreated)
 """
@@ -59,8 +60,10 @@ def main(uri: str, spark: SparkSession | None = None) -> int:
     )
     mw.create_table(uri, schema, "id", region_spec=mw.bucket("id", 4))
 
-    mws.write(events(spark, 0, ROWS, 0), uri)  # one Spark task per region
-    mws.write(events(spark, ROWS // 2, ROWS, 1), uri)  # updates half, inserts ROWS // 2 new
+    mws.write(events(spark, 0, ROWS, 0), uri)  # routed: one Spark task per region (the fast path)
+    # any DataFrame, not routed: each task stages its rows per region and writes them region by
+    # region, taking turns with the other tasks; updates half, inserts ROWS // 2 new
+    events(spark, ROWS // 2, ROWS, 1).write.format("memwal").mode("append").save(uri)
     mws.delete(spark.range(0, 2 * ROWS, 100).select("id"), uri)
     merged = mws.merge(spark, uri)  # regions merged in parallel tasks
 

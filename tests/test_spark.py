@@ -21,7 +21,7 @@ from reference import model_rows, stored_rows
 
 import memwal_df as mw
 from memwal_df import layout, lease
-from memwal_df.errors import RegionRoutingError, SchemaMismatchError
+from memwal_df.errors import RegionRoutingError, SchemaMismatchError, WriterFencedError
 from memwal_df.wal import Wal
 from memwal_df.writer import TableWriter, region_of_row
 
@@ -29,7 +29,7 @@ pytest.importorskip("pyspark")
 
 from memwal_df import spark as mws  # noqa: E402
 from memwal_df.spark.source import MemWalDataSource, MemWalWriter, StagedWriter, TableRef  # noqa: E402
-from memwal_df.spark.staging import RegionStage, stage_batches  # noqa: E402
+from memwal_df.spark.staging import RegionStage, StagedJob, stage_batches, write_regions  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -245,6 +245,46 @@ def test_region_stage_spills_and_keeps_each_regions_rows_in_order(tmp_path):
                 assert got.column("id").equals(want.column("id"))  # in input order
                 assert normalized(got) == normalized(want)  # (NaN values: Table.equals is False)
     assert not list(spill_root.iterdir())  # close() removed the spill files
+
+
+@pytest.mark.parametrize("fenced_by", ["outside_writer", "task_after_expiry", "newer_attempt", "job_end"])
+def test_a_fenced_task_writes_its_region_again_or_gives_up(tmp_path, monkeypatch, fenced_by):
+    """Right after the task's WAL entry of a region, another writer claims the region (fencing the
+    task) and writes rows of its own. The task claims the region again and rewrites its rows while
+    the lease is still its own, or once the task that took the lease over released it; it gives up
+    when a newer attempt of its partition holds the lease or the job's leases are gone."""
+    table = mw.create_table(str(tmp_path / "t"), SCHEMA, "id", region_spec=mw.unsharded())
+    job, storage, long = StagedJob("job", "upsert", durable=True), table.storage, dt.timedelta(minutes=10)
+    mine, theirs = rows(range(0, 1000), 1), rows([5, 5000], 2)
+    real_put, fenced = TableWriter.put, []
+
+    def put(writer, data):
+        real_put(writer, data)
+        if fenced:
+            return
+        (region,) = fenced[:] = list(writer.writers)
+        directory = job.lease_dir(region)
+        if fenced_by == "task_after_expiry":  # another task of the job, as if the lease had expired
+            taken = lease.take(storage, directory, lease.current(storage, directory), "job:1", long)
+            threading.Timer(0.3, lease.release, (storage, directory, taken)).start()
+        elif fenced_by == "newer_attempt":
+            lease.acquire(storage, directory, "job:0", long)
+        elif fenced_by == "job_end":
+            lease.remove(storage, job.lease_dir())
+        with table.region_writer(region) as w:
+            w.put(theirs)
+
+    monkeypatch.setattr(TableWriter, "put", put)
+    with RegionStage(table.schema.schema, 1 << 30) as stage:
+        stage_batches(table, mine.to_batches(), "upsert", stage)
+        if fenced_by in ("newer_attempt", "job_end"):
+            with pytest.raises(WriterFencedError):
+                write_regions(table, stage, job, "job:0")
+            want = {**normalized(mine), **normalized(theirs)}  # the claim replayed the task's entry
+        else:
+            assert write_regions(table, stage, job, "job:0") == {fenced[0]: 3}  # ours, theirs, ours
+            want = {**normalized(theirs), **normalized(mine)}  # written again after theirs
+    assert normalized(mw.MemWalTable(table).to_table()) == want
 
 
 # ------------------------------------------------------------------------------ routing
