@@ -3,6 +3,7 @@
     from memwal_df import spark as mws
     spark = mws.session()                                  # local, headless; "memwal" registered
     mws.write(df, uri)                                     # upsert, one task per region
+    df.write.format("memwal").mode("append").save(uri)     # upsert any DataFrame (staged per task)
     mws.delete(keys_df, uri)                               # delete by primary key
     spark.read.format("memwal").load(uri)                  # deduplicated durable levels
     mws.merge(spark, uri)                                  # regions merged in parallel tasks

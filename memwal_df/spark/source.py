@@ -55,6 +55,7 @@ from memwal_df.spark.filters import conjunction, to_expression
 from memwal_df.spark.routing import ROUTE, check_routable
 from memwal_df.spark.staging import RegionStage, StagedJob, stage_batches, stage_schema, write_regions
 from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
+from memwal_df.storage import Storage, open_storage
 from memwal_df.table import Table, open_table
 
 OPERATIONS = ("upsert", "delete")
@@ -83,6 +84,9 @@ class TableRef:
 
     def open(self) -> Table:
         return open_table(self.uri, self.storage_options)
+
+    def storage(self) -> Storage:
+        return open_storage(self.uri, self.storage_options)
 
 
 class MemWalDataSource(DataSource):
@@ -247,10 +251,10 @@ class StagedWriter(MemWalWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Remove the job's leases (every task flushed its regions before reporting)."""
-        lease.remove(self.ref.open().storage, self.job.lease_dir())
+        lease.remove(self.ref.storage(), self.job.lease_dir())
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Remove the job's leases (a task still running then gives up after its next fence), then
         recover every region with unflushed WAL entries (`MemWalWriter.abort`)."""
-        lease.remove(self.ref.open().storage, self.job.lease_dir())
+        lease.remove(self.ref.storage(), self.job.lease_dir())
         super().abort(messages)

@@ -90,7 +90,8 @@ class RegionStage:
         self.spill_dir = spill_dir
         self.spills = 0  # how many times rows were spilled
         self._memory: dict[uuid.UUID, list[pa.Table]] = {}
-        self._bytes: dict[uuid.UUID, int] = {}
+        self._bytes: dict[uuid.UUID, int] = {}  # in memory, per region
+        self._total = 0  # in memory
         self._files: dict[uuid.UUID, tuple[str, pa.ipc.RecordBatchStreamWriter | None]] = {}
         self._dir: str | None = None
 
@@ -103,7 +104,8 @@ class RegionStage:
         """Stage `rows` (of `schema`) of `region`, spilling while memory holds more than allowed."""
         self._memory.setdefault(region, []).append(rows)
         self._bytes[region] = self._bytes.get(region, 0) + rows.nbytes
-        while sum(self._bytes.values()) > self.memory_bytes:
+        self._total += rows.nbytes
+        while self._total > self.memory_bytes:
             self._spill(max(self._bytes, key=self._bytes.__getitem__))
 
     def _spill(self, region: uuid.UUID) -> None:
@@ -113,11 +115,12 @@ class RegionStage:
                 self._dir = tempfile.mkdtemp(prefix="memwal-stage-", dir=self.spill_dir)
             path = f"{self._dir}/{region}.arrows"
             writer = pa.ipc.new_stream(path, self.schema)
-        assert writer is not None, "rows are staged after they were read"
+        assert writer is not None, "rows must be staged before any region is read"
         for rows in self._memory[region]:
             writer.write_table(rows)
         self._files[region] = (path, writer)
         self._memory[region] = []
+        self._total -= self._bytes[region]
         self._bytes[region] = 0
         self.spills += 1
 
@@ -143,6 +146,7 @@ class RegionStage:
         self._files.clear()
         self._memory.clear()
         self._bytes.clear()
+        self._total = 0
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
