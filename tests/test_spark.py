@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from reference import model_rows, stored_rows
 
 import memwal_df as mw
@@ -224,27 +227,44 @@ def test_unrouted_puts_and_deletes_over_several_jobs(spark, tmp_path):
     assert table.storage.list_dir(layout.WRITE_LEASE_DIR) == []
 
 
-def test_region_stage_spills_and_keeps_each_regions_rows_in_order(tmp_path):
-    table = mw.create_table(str(tmp_path / "t"), SCHEMA, "id", region_spec=mw.bucket("id", 3))
-    data = rows(np.random.default_rng(3).permutation(2000), 0)
-    spill_root = tmp_path / "spill"
-    spill_root.mkdir()
-    batches = data.to_batches(max_chunksize=128)
-    with RegionStage(table.schema.schema, 40_000, str(spill_root)) as stage:
-        assert stage_batches(table, batches, "upsert", stage) == data.num_rows
-        assert stage.spills > 0 and list(spill_root.iterdir())
-        regions = table.spec.evaluate(data, table.schema.field_ids)[0].to_pylist()
-        by_region = {table.region_id_for((v,)): v for v in set(regions)}
-        assert set(stage.regions) == set(by_region)
-        for region, value in by_region.items():
-            want = data.filter(pa.array([r == value for r in regions])).cast(stage.schema)
-            for _ in range(2):  # may be read again (a region written again after a fence)
-                chunks = list(stage.chunks(region, 300))
-                assert all(c.num_rows >= 300 for c in chunks[:-1])
+@pytest.fixture(scope="module")
+def stage_table(tmp_path_factory) -> mw.Table:
+    return mw.create_table(str(tmp_path_factory.mktemp("stage") / "t"), SCHEMA, "id", mw.bucket("id", 3))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 600),
+    seed=st.integers(0, 2**32 - 1),
+    batch=st.integers(1, 200),
+    memory=st.sampled_from([0, 1_000, 3_000, 10_000, 1 << 30]),
+    max_rows=st.integers(1, 500),
+)
+def test_region_stage_keeps_each_regions_rows_in_order(
+    stage_table, tmp_path, n, seed, batch, memory, max_rows
+):
+    """Staged and read back (twice: a region is written again after a fence), each region's rows
+    are the input rows routed there (row by row, as the table writer derives region ids), in input
+    order, whatever spills; chunks reach `max_rows` rows but the last; `close()` removes the spill
+    files."""
+    ids = np.random.default_rng(seed).choice(2**40, n, replace=False) - 2**39
+    table, data = stage_table, rows(ids, 0)
+    values = table.spec.evaluate(data, table.schema.field_ids)
+    regions = [table.region_id_for(region_of_row(values, i)) for i in range(data.num_rows)]
+    spill_root = tempfile.mkdtemp(dir=tmp_path)
+    with RegionStage(table.schema.schema, memory, spill_root) as stage:
+        assert stage_batches(table, data.to_batches(max_chunksize=batch), "upsert", stage) == n
+        assert (stage.spills > 0) == bool(os.listdir(spill_root)) and (stage.spills > 0 or memory > 0)
+        assert sorted(stage.regions) == sorted(set(regions))
+        for region in stage.regions:
+            want = data.filter(pa.array([r == region for r in regions]))
+            for _ in range(2):
+                chunks = list(stage.chunks(region, max_rows))
+                assert all(c.num_rows >= max_rows for c in chunks[:-1])
                 got = pa.concat_tables(chunks)
                 assert got.column("id").equals(want.column("id"))  # in input order
                 assert normalized(got) == normalized(want)  # (NaN values: Table.equals is False)
-    assert not list(spill_root.iterdir())  # close() removed the spill files
+    assert not os.listdir(spill_root)
 
 
 @pytest.mark.parametrize("fenced_by", ["outside_writer", "task_after_expiry", "newer_attempt", "job_end"])

@@ -97,7 +97,7 @@ class RegionStage:
 
     @property
     def regions(self) -> list[uuid.UUID]:
-        """The staged regions, in the order their first rows came."""
+        """The staged regions (in the order they were first staged)."""
         return list(self._memory)
 
     def add(self, region: uuid.UUID, rows: pa.Table) -> None:
