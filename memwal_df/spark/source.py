@@ -246,7 +246,7 @@ class StagedWriter(MemWalWriter):
         table, job = self.ref.open(), self.job
         with RegionStage(stage_schema(table, job.operation), job.memory_bytes, job.spill_dir) as stage:
             rows = stage_batches(table, iterator, job.operation, stage)
-            regions = write_regions(table, stage, job, holder=f"{job.job}:{_partition()}")
+            regions = write_regions(table, stage, job, job.holder(_partition()))
         return WriteReport.of_task(regions, rows)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -78,6 +78,10 @@ class StagedJob:
     def lease_dir(self, region: uuid.UUID | None = None) -> str:
         return layout.write_lease_dir(self.job, region)
 
+    def holder(self, partition: int) -> str:
+        """The lease holder name of every attempt of task `partition` (so a retry takes over)."""
+        return f"{self.job}:{partition}"
+
 
 class RegionStage:
     """One task's rows grouped by region, in input order per region: in memory up to `memory_bytes`
