@@ -347,7 +347,7 @@ def take_snapshot(
         snapshot = take(table, writer, keys)
         # A merge committed while the manifests were read may already have been collected: its
         # generations would be missing from both the pinned base and the levels. Plan again.
-        if memwal_index.latest_version(table.storage) == snapshot.base.version:
+        if table.is_latest(snapshot.base.version):
             return snapshot
     return snapshot
 
@@ -381,10 +381,10 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
             continue
-        values = table.region_values(m)
+        values = _region_values(table, region_id, m)
         if wanted is not None and not wanted(m.shard_spec_id, values):
             continue
-        regions.append(_region_levels(table, region_id, m, merged, memtables))
+        regions.append(_region_levels(table, region_id, m, values, merged, memtables))
     return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys)
 
 
@@ -440,8 +440,9 @@ def _take_indexed(
     regions = []
     for region_id in sorted(newest):
         m = newest[region_id]
-        if wanted is None or wanted(m.shard_spec_id, table.region_values(m)):
-            regions.append(_region_levels(table, region_id, m, merged, memtables))
+        values = _region_values(table, region_id, m)
+        if wanted is None or wanted(m.shard_spec_id, values):
+            regions.append(_region_levels(table, region_id, m, values, merged, memtables))
     return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot", table.storage, keys)
 
 
@@ -452,10 +453,19 @@ def check_consistency(mode: str) -> Consistency:
     return mode  # type: ignore[return-value]
 
 
+def _region_values(table: Table, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+    """The region's values (decoded once per table: a region's spec and values never change)."""
+    known = table.known_region(region_id)
+    if known is not None and known[0] == m.shard_spec_id:
+        return known[1]
+    return table.region_values(m)
+
+
 def _region_levels(
     table: Table,
     region_id: uuid.UUID,
     m: pb.ShardManifest,
+    values: tuple[Any, ...] | None,
     merged: dict[uuid.UUID, int],
     memtables: dict[uuid.UUID, list[MemTableSnapshot]],
 ) -> RegionLevels:
@@ -478,7 +488,7 @@ def _region_levels(
     ]
     levels += [lv for lv in flushed if lv.generation > floor]
     done = [lv for lv in flushed if lv.generation <= floor]
-    return RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels, done)
+    return RegionLevels(region_id, m.shard_spec_id, values, levels, done)
 
 
 def _region_writers(writer: TableWriter | RegionWriter | None) -> list[RegionWriter]:

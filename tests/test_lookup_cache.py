@@ -283,3 +283,29 @@ def test_generations_cache_is_bounded_in_bytes_and_entries(tmp_path: Path, cache
         assert GENERATIONS.max_bytes is not None and GENERATIONS.nbytes <= GENERATIONS.max_bytes
     held = [GENERATIONS.peek(lv.uri, name) is not None for lv in levels for name in ("bloom", "rows")]
     assert any(held) and not all(held)
+
+
+def test_base_freshness_is_one_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unchanged base costs one HEAD per check (no hint read, no listing); a commit by another
+    table object is seen by the next check, and a lookup snapshot pins the new version."""
+    uri = str(tmp_path / "t")
+    t = mw.create_table(uri, rows(range(N_BASE), "b"), "id", mw.unsharded())
+    reader = mw.open_table(uri)
+    calls: list[str] = []
+    for name in ("head", "get", "list", "list_dir"):
+        real = getattr(reader.storage, name)
+        monkeypatch.setattr(
+            reader.storage, name, lambda *a, _n=name, _f=real, **k: (calls.append(_n), _f(*a, **k))[1]
+        )
+    version = reader.dataset.version
+    reader.sync()
+    assert calls == ["head"] and reader.dataset.version == version
+    with t.writer() as w:
+        w.put(rows([1], "g"))
+    merge_all(mw.open_table(uri))
+    assert reader.is_latest(version) is False
+    reader.sync()
+    assert reader.dataset.version > version and reader.is_latest(reader.dataset.version)
+    snap = take_snapshot(reader, keys=id_keys([1]))
+    assert snap.base.version == reader.dataset.version
+    assert not reader.is_latest(version)  # an older version: decided by the full probe
