@@ -74,8 +74,9 @@ def _finished(uri: str) -> None:
 def load(
     level: Level, ds: lance.LanceDataset, values: pa.Array, ids: np.ndarray, primary_key: list[str]
 ) -> None:
-    """Copy the generation's rows into `GENERATIONS` if it qualifies (see the module docstring). A
-    generation that cannot be read now (collected, or a transient error) is left for a later try."""
+    """Copy the generation's rows into `GENERATIONS` if it qualifies (see the module docstring). After
+    a store error (OSError) a later lookup tries again; a generation that is gone or cannot be one
+    Arrow table is not tried again."""
     limit = _limit()
     try:
         fragments = ds.get_fragments()
@@ -88,7 +89,10 @@ def load(
             GENERATIONS.put(level.uri, _NAME, _NOT_KEPT)
             return
         rows = ds.to_table().combine_chunks()
-    except (OSError, ValueError, NotFoundError):
+    except (OSError, NotFoundError):
+        return  # a store error: a later lookup tries again
+    except (ValueError, pa.ArrowException):  # collected (Lance: "Not found"), or not one Arrow table
+        GENERATIONS.put(level.uri, _NAME, _NOT_KEPT)
         return
     if rows.nbytes > limit or not _matches_index(rows, values, ids, primary_key):
         GENERATIONS.put(level.uri, _NAME, _NOT_KEPT)
