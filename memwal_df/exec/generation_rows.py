@@ -120,7 +120,7 @@ def take(rows: pa.Table, offsets: np.ndarray, columns: list[str]) -> pa.Table:
 
 
 def wait_for_loads() -> None:
-    """Wait until every copy being loaded is kept or given up (tests and benchmarks)."""
+    """Wait until every copy being loaded is kept or given up (for tests)."""
     with _lock:
         jobs = list(_loading.values())
     wait(jobs)
