@@ -23,6 +23,9 @@ Lance's `LsmScanner.from_snapshots` / `LsmPointLookupPlanner` over ShardSnapshot
 generations (they cannot see our in-process MemTables), and plain Lance on the base table alone
 (`to_table()` / `count_rows()` / btree `id = k`, and the same SQL through DataFusion over Lance's FFI
 table provider). The plain figures read fewer rows (the base only) and are the floor, not a peer.
+Point lookups also time the same SQL over a 3-row in-memory `pyarrow.dataset` ("DataFusion floor":
+what any lookup through DataFusion's Python dataset route costs): a fixed reference in the same run,
+so memwal_df's p50 over it compares runs made under different machine load.
 
 Nothing is asserted: the script prints a Markdown table and the DESIGN.md section 7 targets.
 
@@ -30,6 +33,7 @@ Nothing is asserted: the script prints a Markdown table and the DESIGN.md sectio
     python bench/read.py                        # base 1M, 200k upserts (~2.5 min on 2 CPUs)
     python bench/read.py --json bench/results/read-full.json
     python bench/read.py --profile bench/results/read   # only cProfile to_table() scan and count
+    python bench/read.py --lookups-only --lookups 400   # skip the scans
 
 `--profile` profiles `MemWalTable.to_table()` on the main thread (the operators DataFusion runs, minus
 DataFusion): DataFusion calls into Python from its own worker threads, which cProfile does not see;
@@ -59,6 +63,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
 from _workload import NUM_REGIONS, git_state, make_workload, native_snapshots, scratch_root
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
@@ -74,7 +79,8 @@ TO_TABLE = "memwal_df to_table()"
 LSM = "Lance LSM"
 PLAIN = "plain Lance (base)"
 PLAIN_DF = "plain Lance via DataFusion (base)"
-ENGINES = [SQL, SQL_W, TO_TABLE, LSM, PLAIN, PLAIN_DF]
+DF_FLOOR = "DataFusion floor (3-row dataset)"
+ENGINES = [SQL, SQL_W, TO_TABLE, LSM, PLAIN, PLAIN_DF, DF_FLOOR]
 
 FULL = "full scan (SELECT *)"
 FILTERED = f"filtered scan ({FILTER_SQL})"
@@ -278,7 +284,7 @@ def build(root: Path, base_rows: int, upserts: int, memtable_upserts: int, batch
 # --------------------------------------------------------------------------------------------------
 
 
-def measure(b: Built, repeat: int, lookups: int, res: Results) -> None:
+def measure(b: Built, repeat: int, lookups: int, res: Results, scans: bool = True) -> None:
     t, w = b.table, b.writer
     ctx = mw.register(datafusion.SessionContext())
     ours, ours_w = mw.MemWalTable(t.uri), mw.MemWalTable(t.uri, writer=w)
@@ -286,6 +292,8 @@ def measure(b: Built, repeat: int, lookups: int, res: Results) -> None:
     ctx.register_table("tw", ours_w)
     base = lance.dataset(t.uri)
     ctx.register_table("base", lance.FFILanceTableProvider(base))  # the ctx outlives every query
+    floor = pa.table({"id": pa.array([0, 1, 2], pa.int64()), "v": ["a", "b", "c"]})
+    ctx.register_dataset("floor", pds.dataset(floor))
     snaps = native_snapshots(t)
 
     def sql_rows(query: str) -> int:
@@ -297,37 +305,38 @@ def measure(b: Built, repeat: int, lookups: int, res: Results) -> None:
     def lsm() -> LsmScanner:  # the builder methods mutate it: a new one per run
         return LsmScanner.from_snapshots(base, snaps)
 
-    print(f"scans ({repeat} round(s), engines taking turns; median):", flush=True)
-    scans: dict[str, list[tuple[str, Callable[[], int]]]] = {
-        FULL: [
-            (SQL, lambda: sql_rows("SELECT * FROM t")),
-            (SQL_W, lambda: sql_rows("SELECT * FROM tw")),
-            (TO_TABLE, lambda: ours.to_table().num_rows),
-            (LSM, lambda: lsm().to_table().num_rows),
-            (PLAIN, lambda: base.to_table().num_rows),
-            (PLAIN_DF, lambda: sql_rows("SELECT * FROM base")),
-        ],
-        FILTERED: [
-            (SQL, lambda: sql_rows(f"SELECT * FROM t WHERE {FILTER_SQL}")),
-            (SQL_W, lambda: sql_rows(f"SELECT * FROM tw WHERE {FILTER_SQL}")),
-            (TO_TABLE, lambda: ours.to_table(filter=FILTER_PC).num_rows),
-            (LSM, lambda: lsm().filter(FILTER_SQL).to_table().num_rows),
-            (PLAIN, lambda: base.to_table(filter=FILTER_SQL).num_rows),
-            (PLAIN_DF, lambda: sql_rows(f"SELECT * FROM base WHERE {FILTER_SQL}")),
-        ],
-        COUNT: [
-            (SQL, lambda: sql_count("SELECT count(*) FROM t")),
-            (SQL_W, lambda: sql_count("SELECT count(*) FROM tw")),
-            (TO_TABLE, lambda: ours.to_table(columns=[]).num_rows),
-            (LSM, lambda: lsm().count_rows()),
-            (PLAIN, lambda: base.count_rows()),
-            (PLAIN_DF, lambda: sql_count("SELECT count(*) FROM base")),
-        ],
-    }
-    for op, runs in scans.items():
-        timed = time_rounds([fn for _, fn in runs], repeat)
-        for (engine, _), (samples, rows) in zip(runs, timed, strict=True):
-            res.add(Result(op, engine, samples, rows))
+    if scans:
+        print(f"scans ({repeat} round(s), engines taking turns; median):", flush=True)
+        scan_runs: dict[str, list[tuple[str, Callable[[], int]]]] = {
+            FULL: [
+                (SQL, lambda: sql_rows("SELECT * FROM t")),
+                (SQL_W, lambda: sql_rows("SELECT * FROM tw")),
+                (TO_TABLE, lambda: ours.to_table().num_rows),
+                (LSM, lambda: lsm().to_table().num_rows),
+                (PLAIN, lambda: base.to_table().num_rows),
+                (PLAIN_DF, lambda: sql_rows("SELECT * FROM base")),
+            ],
+            FILTERED: [
+                (SQL, lambda: sql_rows(f"SELECT * FROM t WHERE {FILTER_SQL}")),
+                (SQL_W, lambda: sql_rows(f"SELECT * FROM tw WHERE {FILTER_SQL}")),
+                (TO_TABLE, lambda: ours.to_table(filter=FILTER_PC).num_rows),
+                (LSM, lambda: lsm().filter(FILTER_SQL).to_table().num_rows),
+                (PLAIN, lambda: base.to_table(filter=FILTER_SQL).num_rows),
+                (PLAIN_DF, lambda: sql_rows(f"SELECT * FROM base WHERE {FILTER_SQL}")),
+            ],
+            COUNT: [
+                (SQL, lambda: sql_count("SELECT count(*) FROM t")),
+                (SQL_W, lambda: sql_count("SELECT count(*) FROM tw")),
+                (TO_TABLE, lambda: ours.to_table(columns=[]).num_rows),
+                (LSM, lambda: lsm().count_rows()),
+                (PLAIN, lambda: base.count_rows()),
+                (PLAIN_DF, lambda: sql_count("SELECT count(*) FROM base")),
+            ],
+        }
+        for op, runs in scan_runs.items():
+            timed = time_rounds([fn for _, fn in runs], repeat)
+            for (engine, _), (samples, rows) in zip(runs, timed, strict=True):
+                res.add(Result(op, engine, samples, rows))
 
     print(f"point lookups ({lookups} keys of each kind, one query per key and engine):", flush=True)
     planner = LsmPointLookupPlanner(base, snaps)  # built once: its snapshot is fixed, like a warm reader
@@ -351,9 +360,10 @@ def measure(b: Built, repeat: int, lookups: int, res: Results) -> None:
                 (LSM, lambda k: planner.plan_lookup(pa.array([k], pa.int64())).to_table().num_rows)
             )
         lookup_runs.append((PLAIN, lambda k: base.to_table(filter=f"id = {k}").num_rows))  # base version
+        lookup_runs.append((DF_FLOOR, lambda k: sql_rows(f"SELECT * FROM floor WHERE id = {k % 3}")))
         timed = time_lookups([fn for _, fn in lookup_runs], keys, warmup)
         for (engine, _), (samples, found) in zip(lookup_runs, timed, strict=True):
-            note = "MemWalTable(uri, writer=w)" if in_memtables and engine != PLAIN else ""
+            note = "MemWalTable(uri, writer=w)" if in_memtables and engine not in (PLAIN, DF_FLOOR) else ""
             res.add(Result(lookup_op(kind), engine, samples, found, keys=len(keys), note=note))
 
 
@@ -393,6 +403,13 @@ def markdown(res: Results) -> str:
         "table only (fewer rows, no dedup; a lookup returns the base's version of the key): the floor, "
         "not a peer.",
     ]
+    floors = [
+        f"{op.removeprefix(lookup_op(''))} {ours.p50_ms / floor.p50_ms:.2f}x"
+        for op in res.ops()
+        if (ours := res.get(op, SQL)) is not None and (floor := res.get(op, DF_FLOOR)) is not None
+    ]
+    if floors:
+        lines += ["", "memwal_df SQL lookup p50 over the DataFusion floor's, same run: " + ", ".join(floors)]
     return "\n".join(lines)
 
 
@@ -501,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the table")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--profile", help="only profile to_table() scan and count; .prof files get this prefix")
+    p.add_argument("--lookups-only", action="store_true", help="skip the scans and count(*)")
     args = p.parse_args(argv)
 
     base_rows = args.rows or (50_000 if args.small else 1_000_000)
@@ -529,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             profile(built, args.profile)
             return 0
         res = Results()
-        measure(built, args.repeat, args.lookups, res)
+        measure(built, args.repeat, args.lookups, res, scans=not args.lookups_only)
         tgt = targets(res, base_rows)
         print()
         print(markdown(res))

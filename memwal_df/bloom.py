@@ -11,7 +11,9 @@ Everything here is vectorized with numpy: SipHash runs one block index at a time
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,11 +38,13 @@ _SALT = np.array(
     dtype=np.uint32,
 )
 _SALT.flags.writeable = False
+_SALT_INTS = _SALT.tolist()
 
 # Rows hashed per pass: keeps the temporaries cache-sized (measured best of 4K..1M rows).
 _CHUNK_ROWS = 1 << 14
-# Up to this many rows, hashing with Python integers beats the vectorized rounds, whose per-call
-# numpy overhead dominates small inputs (measured: 1 key 26 us vs 161 us, 4 keys 44 us vs 106 us).
+# Up to this many rows (hashes), hashing and filter checks on Python integers beat the vectorized
+# code, whose per-call numpy overhead dominates small inputs (one int64 key: hash 7 us vs 21 us,
+# filter check 1.8 us vs 9.2 us).
 _SCALAR_ROWS = 8
 _M64 = (1 << 64) - 1
 
@@ -90,6 +94,28 @@ def _sip_round_scalar(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int
     return v0, v1, v2, v3
 
 
+def _siphash_blocks(blocks: list[int], k0: int, k1: int) -> int:
+    """SipHash-1-3 of one message given as its u64 blocks (the last one holding the tail bytes and the
+    length byte), on Python integers."""
+    v0, v1, v2, v3 = k0 ^ _SIP_C0, k1 ^ _SIP_C1, k0 ^ _SIP_C2, k1 ^ _SIP_C3
+    for m in blocks:
+        v0, v1, v2, v3 = _sip_round_scalar(v0, v1, v2, v3 ^ m)
+        v0 ^= m
+    v2 ^= 0xFF
+    for _ in range(3):
+        v0, v1, v2, v3 = _sip_round_scalar(v0, v1, v2, v3)
+    return v0 ^ v1 ^ v2 ^ v3
+
+
+def _siphash_bytes(message: bytes) -> int:
+    """SipHash-1-3 (keys 0/0) of one message, on Python integers."""
+    n = len(message)
+    padded = message + bytes(8 - n % 8)
+    blocks = list(struct.unpack(f"<{len(padded) // 8}Q", padded))
+    blocks[-1] |= (n & 0xFF) << 56
+    return _siphash_blocks(blocks, 0, 0)
+
+
 class _Messages:
     """Row messages laid out for hashing: row r owns ``nblocks[r]`` zero-padded 8-byte blocks.
 
@@ -118,14 +144,7 @@ def _siphash_rows(msgs: _Messages, k0: int, k1: int) -> np.ndarray:
     blocks[last] |= (msgs.lengths & 0xFF).astype(np.uint64) << _U64(56)
     if n <= _SCALAR_ROWS:
         for r, (first, end) in enumerate(zip(msgs.start.tolist(), (last + 1).tolist(), strict=True)):
-            v0, v1, v2, v3 = k0 ^ _SIP_C0, k1 ^ _SIP_C1, k0 ^ _SIP_C2, k1 ^ _SIP_C3
-            for m in blocks[first:end].tolist():
-                v0, v1, v2, v3 = _sip_round_scalar(v0, v1, v2, v3 ^ m)
-                v0 ^= m
-            v2 ^= 0xFF
-            for _ in range(3):
-                v0, v1, v2, v3 = _sip_round_scalar(v0, v1, v2, v3)
-            out[r] = v0 ^ v1 ^ v2 ^ v3
+            out[r] = _siphash_blocks(blocks[first:end].tolist(), k0, k1)
         return out
 
     v0 = np.full(n, k0 ^ _SIP_C0, dtype=np.uint64)
@@ -319,6 +338,37 @@ def _as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return arr
 
 
+def _value_bytes(t: pa.DataType) -> Callable[[Any], bytes] | None:
+    """How a valid value of type `t` enters a row's Hash stream (None: it does not)."""
+    if pa.types.is_int32(t):
+        return lambda v: int(v).to_bytes(4, "little", signed=True)
+    if pa.types.is_int64(t):
+        return lambda v: int(v).to_bytes(8, "little", signed=True)
+    if pa.types.is_string(t):
+        return lambda v: v.encode("utf-8") + b"\xff"
+    if pa.types.is_binary(t):
+        return lambda v: len(v).to_bytes(8, "little") + v
+    return None
+
+
+def _row_streams(arrays: Sequence[pa.Array]) -> list[bytes]:
+    """Each row's Rust `Hash` stream over `arrays` (the bytes `_encode_column` lays out), built on
+    Python objects: for a few rows, where numpy's per-call overhead dominates."""
+    streams = [bytearray() for _ in range(len(arrays[0]))]
+    for arr in arrays:
+        valid = _physical_validity(arr)
+        encode = _value_bytes(arr.type)
+        values = arr.to_pylist() if encode is not None else []
+        for r, stream in enumerate(streams):
+            if valid is not None and not valid[r]:
+                stream.append(1)
+                continue
+            stream.append(0)
+            if encode is not None:
+                stream += encode(values[r])
+    return [bytes(s) for s in streams]
+
+
 def hash_primary_keys(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     """Lance's primary-key row hash: uint64, one per row.
 
@@ -334,6 +384,8 @@ def hash_primary_keys(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarr
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
         raise ValueError("primary-key columns must all have the same length")
+    if n <= _SCALAR_ROWS:
+        return np.array([_siphash_bytes(m) for m in _row_streams(arrays)], dtype=np.uint64)
     out = np.empty(n, dtype=np.uint64)
     for lo in range(0, n, _CHUNK_ROWS):
         hi = min(n, lo + _CHUNK_ROWS)
@@ -431,8 +483,18 @@ class BloomFilter:
 
     def contains_hashes(self, hashes: np.ndarray) -> np.ndarray:
         """Bool per hash: False means certainly never inserted. Reads only the hashes' blocks."""
+        if len(hashes) <= _SCALAR_ROWS:  # a point lookup: Python integers beat numpy's call overhead
+            return np.array([self._contains_one(h) for h in np.asarray(hashes).tolist()], dtype=bool)
         block, bit = self._block_bits(hashes)
         return ((self._words[block] >> bit) & np.uint32(1)).all(axis=1)
+
+    def _contains_one(self, h: int) -> bool:
+        """`contains_hashes` of one hash (the same block and bits as `_block_bits`)."""
+        words = self._words[((h >> 32) * self.NUM_BLOCKS) >> 32].tolist()
+        x = h & 0xFFFFFFFF
+        return all(
+            w >> (((x * salt) & 0xFFFFFFFF) >> 27) & 1 for w, salt in zip(words, _SALT_INTS, strict=True)
+        )
 
     def insert_keys(self, columns: Sequence[pa.Array | pa.ChunkedArray]) -> None:
         """Add the primary keys given as columns (in primary-key order)."""

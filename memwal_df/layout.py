@@ -13,6 +13,7 @@ Bit-reversed names spread sequential numbers across the key space (S3 partitions
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 
@@ -47,6 +48,7 @@ def parse_bitrev64_name(name: str) -> int | None:
     return int(m.group(1)[::-1], 2) if m else None
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def region_dir(region_id: uuid.UUID | str) -> str:
     return f"{MEM_WAL_DIR}/{uuid.UUID(str(region_id))}"
 

@@ -198,6 +198,19 @@ def _naming_of(storage: Storage, version: int) -> ManifestNaming | None:
     return None
 
 
+def naming_of(storage: Storage, version: int) -> ManifestNaming | None:
+    """The naming scheme of `version`'s manifest (None if it has none)."""
+    return _naming_of(storage, version)
+
+
+def has_successor(storage: Storage, version: int, naming: ManifestNaming) -> bool:
+    """Whether version + 1 exists, given `version`'s naming: one probe (two for V1 names, which Lance
+    may migrate to V2). Versions are committed one after another and never renumbered, so without a
+    successor `version` is the latest."""
+    schemes: tuple[ManifestNaming, ...] = ("v2",) if naming == "v2" else ("v1", "v2")
+    return any(storage.head(manifest_path(version + 1, n)) is not None for n in schemes)
+
+
 def latest_version(storage: Storage) -> int:
     """The table's latest version: the version hint, probed forward; a listing of `_versions/` if the
     hint is missing, unreadable or far behind. Raises `TableNotFoundError` when there is no manifest."""

@@ -95,12 +95,53 @@ def _fmix_inverse(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> _U32(16))
 
 
+# --- the same rounds on Python integers: few values (point lookups route one key) -------------------
+
+_SCALAR_ROWS = 8  # up to this many values, Python integers beat numpy's per-call overhead
+_M32 = 0xFFFFFFFF
+
+
+def _mix_k1_int(k: int) -> int:
+    k = (k * 0xCC9E2D51) & _M32
+    k = ((k << 15) | (k >> 17)) & _M32
+    return (k * 0x1B873593) & _M32
+
+
+def _mix_h1_int(h: int, k: int) -> int:
+    h ^= k
+    h = ((h << 13) | (h >> 19)) & _M32
+    return (h * 5 + 0xE6546B64) & _M32
+
+
+def _fmix_int(h: int, length: int) -> int:
+    h ^= length
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _hash_words_int(words: np.ndarray, seed: np.ndarray, per_value: int) -> np.ndarray:
+    """`per_value` u32 words per value (little end first), each value hashed on Python integers."""
+    out = []
+    for value, h in zip(words.reshape(-1, per_value).tolist(), seed.tolist(), strict=True):
+        for k in value:
+            h = _mix_h1_int(h, _mix_k1_int(k))
+        out.append(_fmix_int(h, 4 * per_value))
+    return np.array(out, dtype=_U32)
+
+
 def _hash_int(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    if len(v) <= _SCALAR_ROWS:
+        return _hash_words_int(v.astype(_U32, copy=False), seed, 1)
     return _fmix(_mix_h1(seed, _mix_k1(v)), 4)
 
 
 def _hash_long(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
     v = v.view(np.uint64)
+    if len(v) <= _SCALAR_ROWS:
+        return _hash_words_int(v.astype("<u8", copy=False).view("<u4"), seed, 2)
     low = (v & np.uint64(0xFFFFFFFF)).astype(_U32)
     high = (v >> np.uint64(32)).astype(_U32)
     return _fmix(_mix_h1(_mix_h1(seed, _mix_k1(low)), _mix_k1(high)), 8)

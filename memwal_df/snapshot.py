@@ -62,39 +62,93 @@ _MAX_PLANNING_ATTEMPTS = 5
 
 class ImmutableCache:
     """Values derived from files that never change once written, keyed by (URI, name), least
-    recently used dropped beyond `capacity`. Thread-safe; racing threads may compute a value twice.
+    recently used dropped beyond `capacity` entries or beyond `max_bytes` of the sizes callers declare
+    (`size=`; an entry without one counts 0 bytes). Thread-safe; racing threads may compute a value
+    twice.
 
-    `GENERATIONS` holds per-generation state across queries: a generation directory never changes
-    once its manifest entry is committed (a retried flush writes a new directory), so its opened
-    dataset, bloom filter and derived indexes stay valid until it is garbage-collected, which
-    readers detect when a read fails."""
+    `GENERATIONS` holds per-generation state across queries and tables of the process: a generation
+    directory never changes once its manifest entry is committed (a retried flush writes a new
+    directory), so its opened dataset, bloom filter, `_pk_index` and in-memory rows stay valid until
+    it is garbage-collected, which readers detect when a read fails."""
 
-    def __init__(self, capacity: int = 4096) -> None:
-        self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
+    def __init__(self, capacity: int = 4096, *, max_bytes: int | None = None) -> None:
+        self._items: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self._bytes = 0
 
-    def get(self, uri: str, name: str, compute: Callable[[], Any]) -> Any:
-        key = (uri, name)
+    @property
+    def max_bytes(self) -> int | None:
+        return self._max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """The declared sizes of the entries held."""
+        return self._bytes
+
+    def configure(self, *, capacity: int | None = None, max_bytes: int | None = None) -> None:
+        """Change the bounds (entries beyond them are dropped at once)."""
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
+            if capacity is not None:
+                self._capacity = capacity
+            if max_bytes is not None:
+                self._max_bytes = max_bytes
+            self._evict()
+
+    def get(
+        self, uri: str, name: str, compute: Callable[[], Any], size: Callable[[Any], int] | None = None
+    ) -> Any:
+        """The value kept for (uri, name), else `compute()` kept (unless None) with `size(value)` bytes."""
+        found = self.peek(uri, name)
+        if found is not None:
+            return found
         value = compute()
         if value is not None:
-            with self._lock:
-                self._items[key] = value
-                while len(self._items) > self._capacity:
-                    self._items.popitem(last=False)
+            self.put(uri, name, value, 0 if size is None else size(value))
         return value
+
+    def peek(self, uri: str, name: str) -> Any:
+        """The value kept for (uri, name) (marked recently used), else None; computes nothing."""
+        key = (uri, name)
+        with self._lock:
+            entry = self._items.get(key)
+            if entry is None:
+                return None
+            self._items.move_to_end(key)
+            return entry[0]
+
+    def put(self, uri: str, name: str, value: Any, nbytes: int = 0) -> None:
+        """Keep `value` for (uri, name), declared as `nbytes` bytes."""
+        key = (uri, name)
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[key] = (value, nbytes)
+            self._bytes += nbytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while len(self._items) > self._capacity or (
+            self._max_bytes is not None and self._bytes > self._max_bytes and self._items
+        ):
+            _, (_, nbytes) = self._items.popitem(last=False)
+            self._bytes -= nbytes
 
     def forget(self, uri: str) -> None:
         with self._lock:
             for key in [k for k in self._items if k[0] == uri]:
-                del self._items[key]
+                self._bytes -= self._items.pop(key)[1]
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
-GENERATIONS = ImmutableCache()
+GENERATION_CACHE_BYTES = 256 << 20
+"""Default bound of `GENERATIONS`' declared sizes (bloom filters, `_pk_index`es, in-memory rows)."""
+
+GENERATIONS = ImmutableCache(max_bytes=GENERATION_CACHE_BYTES)
 
 
 @dataclass
@@ -125,9 +179,10 @@ class Level:
     def uri(self) -> str:
         return self.storage.child_uri(self.path or "")
 
-    def cached(self, name: str, compute: Callable[[], Any]) -> Any:
-        """A value derived from this generation's files, computed once per process (None: not kept)."""
-        return GENERATIONS.get(self.uri, name, compute)
+    def cached(self, name: str, compute: Callable[[], Any], size: Callable[[Any], int] | None = None) -> Any:
+        """A value derived from this generation's files, computed once per process (None: not kept);
+        `size` declares its bytes to `GENERATIONS`' byte bound."""
+        return GENERATIONS.get(self.uri, name, compute, size)
 
     def dataset(self) -> lance.LanceDataset | None:
         """The generation's Lance dataset; None (and `missing` set) if it was garbage-collected."""
@@ -159,7 +214,11 @@ class Level:
                 return None
             try:
                 path = f"{self.path}/{layout.BLOOM_FILTER_FILE}"
-                self._bloom = self.cached("bloom", lambda: BloomFilter.from_bytes(self.storage.get(path)))
+                self._bloom = self.cached(
+                    "bloom",
+                    lambda: BloomFilter.from_bytes(self.storage.get(path)),
+                    lambda _: BloomFilter.NUM_BYTES,
+                )
             except (NotFoundError, ValueError):
                 return None
         return self._bloom
@@ -288,7 +347,7 @@ def take_snapshot(
         snapshot = take(table, writer, keys)
         # A merge committed while the manifests were read may already have been collected: its
         # generations would be missing from both the pinned base and the levels. Plan again.
-        if memwal_index.latest_version(table.storage) == snapshot.base.version:
+        if table.is_latest(snapshot.base.version):
             return snapshot
     return snapshot
 
@@ -322,10 +381,10 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
             continue
-        values = table.region_values(m)
+        values = _region_values(table, region_id, m)
         if wanted is not None and not wanted(m.shard_spec_id, values):
             continue
-        regions.append(_region_levels(table, region_id, m, merged, memtables))
+        regions.append(_region_levels(table, region_id, m, values, merged, memtables))
     return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys)
 
 
@@ -381,8 +440,9 @@ def _take_indexed(
     regions = []
     for region_id in sorted(newest):
         m = newest[region_id]
-        if wanted is None or wanted(m.shard_spec_id, table.region_values(m)):
-            regions.append(_region_levels(table, region_id, m, merged, memtables))
+        values = _region_values(table, region_id, m)
+        if wanted is None or wanted(m.shard_spec_id, values):
+            regions.append(_region_levels(table, region_id, m, values, merged, memtables))
     return ReadSnapshot(table.schema, table.dataset, table.details, regions, "snapshot", table.storage, keys)
 
 
@@ -393,10 +453,19 @@ def check_consistency(mode: str) -> Consistency:
     return mode  # type: ignore[return-value]
 
 
+def _region_values(table: Table, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+    """The region's values (decoded once per table: a region's spec and values never change)."""
+    known = table.known_region(region_id)
+    if known is not None and known[0] == m.shard_spec_id:
+        return known[1]
+    return table.region_values(m)
+
+
 def _region_levels(
     table: Table,
     region_id: uuid.UUID,
     m: pb.ShardManifest,
+    values: tuple[Any, ...] | None,
     merged: dict[uuid.UUID, int],
     memtables: dict[uuid.UUID, list[MemTableSnapshot]],
 ) -> RegionLevels:
@@ -419,7 +488,7 @@ def _region_levels(
     ]
     levels += [lv for lv in flushed if lv.generation > floor]
     done = [lv for lv in flushed if lv.generation <= floor]
-    return RegionLevels(region_id, m.shard_spec_id, table.region_values(m), levels, done)
+    return RegionLevels(region_id, m.shard_spec_id, values, levels, done)
 
 
 def _region_writers(writer: TableWriter | RegionWriter | None) -> list[RegionWriter]:

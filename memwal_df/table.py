@@ -8,6 +8,7 @@ made by either. Region ids of spec-governed regions are derived from the spec id
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import uuid
@@ -88,6 +89,7 @@ class Table:
                 f"the Lance table at {self.uri} has no MemWAL index ({memwal_index.MEMWAL_INDEX_NAME})"
             )
         self.dataset = ds
+        self._naming = memwal_index.naming_of(self.storage, ds.version)
         self._session = ds.session()
         self.details = found[0]
         pk = memwal_index.primary_key(ds.schema)
@@ -98,10 +100,17 @@ class Table:
         self.data_storage_version = ds.data_storage_version
 
     def sync(self) -> None:
-        """`refresh()` if the base table has a version other than the open one (one version probe;
-        a Lance version never changes once written, so an unchanged number means unchanged state)."""
-        if memwal_index.latest_version(self.storage) != self.dataset.version:
+        """`refresh()` if the base table has a version newer than the open one (one probe: a Lance
+        version never changes once written, so an unchanged number means unchanged state)."""
+        if not self.is_latest(self.dataset.version):
             self.refresh()
+
+    def is_latest(self, version: int) -> bool:
+        """Whether `version` (the open one, or older) is the base table's latest version: whether
+        version + 1 has no manifest (a HEAD of one path)."""
+        if self._naming is None or version != self.dataset.version:
+            return memwal_index.latest_version(self.storage) == version
+        return not memwal_index.has_successor(self.storage, version, self._naming)
 
     def maintained_indexes(self) -> tuple[MaintainedIndex, ...]:
         """The maintained indexes resolved against the latest base version (once per version)."""
@@ -132,13 +141,8 @@ class Table:
 
     def region_ids(self) -> list[uuid.UUID]:
         """Every region that has a directory under `_mem_wal/`."""
-        out = []
-        for name in self.storage.list_dir(layout.MEM_WAL_DIR):
-            try:
-                out.append(uuid.UUID(name))
-            except ValueError:
-                continue
-        return sorted(out)
+        ids = (_region_uuid(name) for name in self.storage.list_dir(layout.MEM_WAL_DIR))
+        return sorted(i for i in ids if i is not None)
 
     def region_writer(
         self,
@@ -337,6 +341,15 @@ class Table:
             indexes=self.maintained_indexes(),
         )
         return RegionWriter(ctx, region_id, config)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _region_uuid(name: str) -> uuid.UUID | None:
+    """The region id a `_mem_wal/` directory name stands for (None: not a region directory)."""
+    try:
+        return uuid.UUID(name)
+    except ValueError:
+        return None
 
 
 def _exists(storage: Storage) -> bool:

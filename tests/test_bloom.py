@@ -470,6 +470,10 @@ def test_contains_reads_the_bits_insert_sets() -> None:
     want = image[bf._bit_index(probes)].all(axis=1)
     assert 0 < want.sum() < len(probes)  # both answers occur
     assert bf.contains_hashes(probes).tolist() == want.tolist()
+    # Up to `_SCALAR_ROWS` hashes are checked on Python integers: the same answers.
+    small = [bf.contains_hashes(probes[i : i + 7]) for i in range(0, len(probes), 7)]
+    assert all(len(part) <= bloom._SCALAR_ROWS for part in small)
+    assert np.concatenate(small).tolist() == want.tolist()
 
 
 def test_insert_rule_by_hand() -> None:

@@ -91,7 +91,7 @@ def plan_point_lookup(
         inputs = [_level_input(lv, out_columns, pk) for r in regions for lv in r.levels]
         nodes.append(
             CoalesceFirstExec(
-                keys.take(pa.array(rows)),
+                _rows(keys, rows),
                 [*inputs, take_base],
                 pk,
                 out_columns,
@@ -102,7 +102,7 @@ def plan_point_lookup(
     if base_only:
         nodes.append(
             CoalesceFirstExec(
-                keys.take(pa.array(base_only)),
+                _rows(keys, base_only),
                 [take_base],
                 pk,
                 out_columns,
@@ -111,6 +111,11 @@ def plan_point_lookup(
             )
         )
     return UnionExec(nodes, schema=out_schema)
+
+
+def _rows(keys: pa.Table, rows: list[int]) -> pa.Table:
+    """The key rows at `rows` (ascending); `keys` itself when that is all of them."""
+    return keys if len(rows) == keys.num_rows else keys.take(pa.array(rows))
 
 
 def _output_columns(ts: TableSchema, columns: Sequence[str] | None) -> list[str]:

@@ -8,19 +8,21 @@ Guarantees:
   Base-table rows get `_tombstone = false` (the base table holds live rows only).
 * A generation that was garbage-collected (its directory is gone, before or while it is read) holds
   nothing; that is not an error (spec: its rows are in the base table already). Readers kept open
-  from an earlier lookup (see `_fragment_take`) may still read a collected generation's local files:
-  they return its rows, which is what the snapshot that lists the generation holds.
+  from an earlier lookup (see `_fragment_take`), or its in-memory copy, may still serve a collected
+  generation: they return its rows, which is what the snapshot that lists the generation holds.
 
 How each level is read:
 
 * flushed generation: the generation's `_pk_index` (sorted keys with the row offset of every row in
   fragment 0, dedup-deleted rows included) gives the newest offset per key. Without a deletion
-  vector (memwal_df's generations) offsets are visible offsets and the rows are taken through a kept
-  `FragmentSession`; with one (native generations) by row address (`LanceDataset._take_rows`, which
-  takes physical offsets in fragment 0 and drops rows a deletion vector hides; `take()` and
-  `LanceFragment.take()` count only visible rows, so they cannot be fed index offsets). The index is
-  read once per process (`snapshot.GENERATIONS`). A generation without a usable index (none, or not
-  one fragment 0 of the indexed size) is scanned with a key filter instead and the row with the
+  vector (memwal_df's generations) offsets are visible offsets and the rows are taken from the
+  generation's in-memory copy once it is loaded (`generation_rows`: small generations, loaded in the
+  background after the first lookup), else through a kept `FragmentSession`; with one (native
+  generations) by row address (`LanceDataset._take_rows`, which takes physical offsets in fragment 0
+  and drops rows a deletion vector hides; `take()` and `LanceFragment.take()` count only visible
+  rows, so they cannot be fed index offsets). The index is read once per process
+  (`snapshot.GENERATIONS`). A generation without a usable index (none, or not one fragment 0 of the
+  indexed size) is scanned with a key filter instead and the row with the
   largest row address per key is kept.
 * unflushed MemTable: vectorized membership test on the key columns (the copy is newest-per-key).
 * base table with a one-column integer key and at most `MAX_MAPPED_BASE_ROWS` rows: a key map of
@@ -45,6 +47,7 @@ import pyarrow.compute as pc
 
 from memwal_df import pk_index
 from memwal_df.errors import NotFoundError
+from memwal_df.exec import generation_rows
 from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec._keys import (
     TOMBSTONE,
@@ -89,6 +92,10 @@ def _load_pk_index(level: Level, ds: lance.LanceDataset) -> _PkIndex | None:
     if len(ids) != physical_rows or (len(ids) and int(ids.max()) >= physical_rows):
         return None  # not this fragment's index
     return _PkIndex(values, ids, fragments[0].metadata.deletion_file is None)
+
+
+def _pk_index_bytes(index: _PkIndex | None) -> int:
+    return 0 if index is None else index.values.nbytes + index.ids.nbytes
 
 
 def _generation_gone(level: Level) -> bool:
@@ -178,10 +185,10 @@ class TakeLastExec(ExecNode):
             self.method = "nothing (generation garbage-collected)"
             return None
         try:
-            index = level.cached("pk_index", lambda: _load_pk_index(level, ds))
+            index = level.cached("pk_index", lambda: _load_pk_index(level, ds), _pk_index_bytes)
             if index is not None:
                 self.method = "_pk_index"
-                taken = self._take_by_index(ds, index)
+                taken = self._take_by_index(level, ds, index)
                 if taken is not None:
                     return taken
                 self.method = "filtered scan (the _pk_index does not match the visible rows)"
@@ -195,8 +202,9 @@ class TakeLastExec(ExecNode):
                 return None
             raise
 
-    def _take_by_index(self, ds: lance.LanceDataset, index: _PkIndex) -> pa.Table | None:
-        """The newest rows by `_pk_index` offsets; None if the index disagrees with the visible rows."""
+    def _take_by_index(self, level: Level, ds: lance.LanceDataset, index: _PkIndex) -> pa.Table | None:
+        """The newest rows by `_pk_index` offsets (from the in-memory copy when there is one); None if
+        the index disagrees with the visible rows."""
         encoded = encode_keys(self.keys, self.primary_key)
         rows = pk_index.lookup(index.values, index.ids, encoded)
         offsets = np.unique(rows[rows >= 0])
@@ -204,6 +212,10 @@ class TakeLastExec(ExecNode):
         if len(offsets) == 0:
             return pa.Table.from_batches([], schema=_project(ds.schema, columns))
         if index.visible_is_physical:
+            copy = generation_rows.cached_rows(level, ds, index.values, index.ids, self.primary_key)
+            if copy is not None:  # checked against the index when it was loaded
+                self.method = "_pk_index, in-memory rows"
+                return generation_rows.take(copy, offsets, columns)
             taken = _fragment_take(ds, 0, offsets, columns)
         else:  # fragment 0, no stable row ids: a row address is the physical offset
             taken = ds._take_rows(pa.array(offsets, pa.uint64()), columns=columns)
