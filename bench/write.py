@@ -523,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dir", help="where tables go (default: a temp dir under bench/results/, same disk)")
     p.add_argument("--repeat", type=int, default=1, help="throughput runs per configuration (median shown)")
+    p.add_argument(
+        "--only",
+        choices=["durable", "non-durable"],
+        help="throughput runs of this mode only, and no latency runs (for quick comparisons)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the tables")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--profile", help="only profile memwal_df durable, 4 regions (cProfile) into this file")
@@ -576,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for rep in range(args.repeat):
             for regions in (NUM_REGIONS, 1):
-                for durable in (True, False):
+                for durable in (True, False) if args.only is None else (args.only == "durable",):
                     todo: list[Callable[[], Run]] = [
                         lambda: run_ours(scratch, wl, regions, durable, memtable_rows),  # noqa: B023
                         lambda: run_native(scratch, wl, regions, durable, memtable_rows, None),  # noqa: B023
@@ -588,8 +593,11 @@ def main(argv: list[str] | None = None) -> int:
                     for run in todo if rep % 2 == 0 else todo[::-1]:  # alternate who goes first
                         record(run())
 
-        latencies, entry_size = put_latency(scratch, wl, latency_puts, tuned)
-        latencies += durability_lag(scratch, wl, args.lag_puts)
+        latencies: list[Latency] = []
+        entry_size = 0
+        if args.only is None:
+            latencies, entry_size = put_latency(scratch, wl, latency_puts, tuned)
+            latencies += durability_lag(scratch, wl, args.lag_puts)
         for lat in latencies:
             print(f"  {lat.name}: p50 {lat.p50:.3f} ms, p99 {lat.p99:.3f} ms", flush=True)
 

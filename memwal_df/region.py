@@ -28,12 +28,14 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df._pools import shared_pool
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     BackpressureTimeoutError,
@@ -54,6 +56,15 @@ from memwal_df.storage import Storage
 from memwal_df.wal import Wal, WalEntry, encode_entry, encode_fence_sentinel
 
 log = logging.getLogger(__name__)
+
+# Sealed MemTables of one region written as generations at the same time (their commits stay in
+# order); the process-wide pool bounds the generation writes of all regions together.
+_FLUSH_DEPTH = 2
+_FLUSH_THREADS = 8
+
+
+def _flush_pool() -> ThreadPoolExecutor:
+    return shared_pool("flush", _FLUSH_THREADS)
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,7 @@ class RegionWriter:
         self._wal = Wal(ctx.storage, region_id)
         self._cond = threading.Condition(threading.RLock())
         self._sealed: deque[MemTable] = deque()
+        self._writes: dict[int, Future[pb.SsTable]] = {}  # generation -> its write (flush thread only)
         # Non-durable mode: accepted batches collect in `_pending` until a threshold (or sealing the
         # MemTable) makes them one WAL entry in `_ready`, with the MemTable holding its rows; the WAL
         # thread alone appends ready entries, in order, outside the lock: puts never wait for storage.
@@ -452,6 +464,11 @@ class RegionWriter:
     # ------------------------------------------------------------------ background work
 
     def _flush_loop(self) -> None:
+        """Flush sealed MemTables: up to `_FLUSH_DEPTH` of the oldest are written as generations at
+        once (on the shared flush pool), and their manifest commits follow strictly in generation
+        order, each only once its generation is durable and its rows are in the WAL. A failed write
+        is retried in a new directory (after a backoff) while newer generations already written wait
+        for it; a failed commit is retried with the generation already written."""
         backoff = 0.05
         while True:
             with self._cond:
@@ -459,35 +476,55 @@ class RegionWriter:
                     self._cond.wait()
                 if self._closed or self._error is not None:
                     return
-                memtable = self._sealed[0]
+                queue = list(self._sealed)[:_FLUSH_DEPTH]
+            for memtable in queue:
+                if memtable.generation not in self._writes:
+                    self._writes[memtable.generation] = _flush_pool().submit(self._write_generation, memtable)
+            memtable = queue[0]
+            write = self._writes[memtable.generation]
             try:
-                self._flush_memtable(memtable)
-                backoff = 0.05
+                sstable = write.result()
+            except Exception as e:
+                del self._writes[memtable.generation]
+                backoff = self._flush_failed(memtable, e, backoff)
+                continue
+            try:
+                self._commit_generation(memtable, sstable)
             except WriterFencedError:
                 return
-            except Exception as e:  # a failed generation write: report it, keep the data, retry later
-                log.warning(
-                    "flush of generation %d of region %s failed: %s", memtable.generation, self.region_id, e
-                )
-                with self._cond:
-                    self._flush_error = e
-                    self._cond.notify_all()
-                    self._cond.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+            except Exception as e:
+                backoff = self._flush_failed(memtable, e, backoff)
+                continue
+            del self._writes[memtable.generation]
+            backoff = 0.05
 
-    def _flush_memtable(self, memtable: MemTable) -> None:
+    def _flush_failed(self, memtable: MemTable, error: Exception, backoff: float) -> float:
+        """Report a failed flush step to `flush()` callers and wait `backoff`; the next backoff."""
+        log.warning(
+            "flush of generation %d of region %s failed: %s", memtable.generation, self.region_id, error
+        )
+        with self._cond:
+            self._flush_error = error
+            self._cond.notify_all()
+            self._cond.wait(backoff)
+        return min(backoff * 2, 5.0)
+
+    def _write_generation(self, memtable: MemTable) -> pb.SsTable:
+        """Write `memtable` as a generation, retrying in a new directory up to `max_flush_retries`."""
         last_error: BaseException | None = None
         for _ in range(self.config.max_flush_retries):
             try:
-                sstable = write_generation(
+                return write_generation(
                     self._storage, self.region_id, memtable, self.ctx.data_storage_version, self.ctx.indexes
                 )
-                break
             except (OSError, ValueError, RuntimeError) as e:  # each retry writes a new directory
                 last_error = e
-        else:
-            assert last_error is not None
-            raise last_error
+        assert last_error is not None
+        raise last_error
+
+    def _commit_generation(self, memtable: MemTable, sstable: pb.SsTable) -> None:
+        """Commit the manifest version listing `memtable`'s generation (the oldest sealed one), once
+        every WAL entry holding its rows is stored."""
         with self._cond:  # the manifest may list it only once its rows are durable in the WAL
             while memtable.unlogged_entries and self._error is None and not self._closed:
                 self._cond.wait()
@@ -574,6 +611,7 @@ class RegionWriter:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
+        wait(list(self._writes.values()))  # a stopped writer leaves no write running (orphans stay)
         if self._indexer is not None:
             self._indexer.stop()
 
