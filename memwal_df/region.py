@@ -143,6 +143,9 @@ class RegionWriter:
         self._pending_bytes = 0
         self._pending_since = 0.0
         self._ready: deque[tuple[list[pa.RecordBatch], MemTable]] = deque()
+        # Durable mode: the writes waiting for the next WAL entry, and whether an append is in flight.
+        self._joining: _Group | None = None
+        self._appending = False
         self._error: MemWalError | None = None  # a fatal error (fencing): every later call raises it
         self._flush_error: BaseException | None = None  # last failed background write (retried)
         self._closed = False
@@ -338,27 +341,73 @@ class RegionWriter:
             )
 
     def _write(self, batch: pa.RecordBatch) -> None:
+        if self.config.durable_write:
+            self._write_durable(batch)
+            return
         with self._cond:
             self._check_usable()
             self._wait_for_room(batch.nbytes)
-            if self.config.durable_write:
-                self._append_wal([batch], self._active.generation)
-            else:
-                if not self._pending:
-                    self._pending_since = time.monotonic()
-                self._pending.append(batch)
-                self._pending_bytes += batch.nbytes
-                if self._wal_buffer_full():
-                    self._close_entry()
-                if len(self._pending) <= 1:
-                    self._cond.notify_all()  # the WAL loop starts its timer, or appends
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(batch)
+            self._pending_bytes += batch.nbytes
+            if self._wal_buffer_full():
+                self._close_entry()
+            if len(self._pending) <= 1:
+                self._cond.notify_all()  # the WAL loop starts its timer, or appends
+            self._add([batch])
+
+    def _write_durable(self, batch: pa.RecordBatch) -> None:
+        """Group commit: a write joins the group of writes waiting for the next WAL entry; the first
+        of them to find no append in flight appends the whole group as one entry (outside the lock),
+        adds it to the MemTable and wakes the others. Every write of the group returns (or raises
+        the append's error) once that entry is stored. A writer used from one thread writes one entry
+        per write."""
+        with self._cond:
+            self._check_usable()
+            self._wait_for_room(batch.nbytes)
+            group = self._joining
+            if group is None:
+                group = self._joining = _Group()
+            group.batches.append(batch)
+            while self._appending and not group.done:
+                self._cond.wait()
+            if not group.done:  # lead the group
+                self._joining = None
+                try:
+                    self._check_usable()
+                except MemWalError as e:
+                    group.finish(e)
+                    self._cond.notify_all()
+                    raise
+                self._appending = True
+                generation = self._active.generation
+        if group.done:
+            group.result()
+            return
+        error: BaseException | None = None
+        try:
+            self._append_wal(group.batches, generation)
+        except BaseException as e:
+            error = e
+        with self._cond:
+            self._appending = False
+            if error is None:
+                self._add(group.batches)
+            group.finish(error)
+            self._cond.notify_all()
+        group.result()
+
+    def _add(self, batches: list[pa.RecordBatch]) -> None:
+        """Add accepted (durable mode: stored) batches to the active MemTable (caller holds the lock)."""
+        for batch in batches:
             self._active.append(batch)
-            self._index(self._active)
-            if self.config.durable_write:
-                self._active.last_wal_position = self._next_position - 1
             self._stats["rows"] += batch.num_rows
-            if self._memtable_full():
-                self._seal()
+        self._index(self._active)
+        if self.config.durable_write:
+            self._active.last_wal_position = self._next_position - 1
+        if self._memtable_full():
+            self._seal()
 
     def _index(self, memtable: MemTable) -> None:
         """Index the MemTable's new rows now (`indexed_write`) or on the background indexer."""
@@ -370,9 +419,10 @@ class RegionWriter:
             self._indexer.submit(memtable.indexes, memtable.batches)
 
     def _append_wal(self, batches: list[pa.RecordBatch], generation: int) -> None:
-        """Publish one WAL entry of the MemTable `generation` at the next position. The caller holds
-        the lock (durable mode) or is the WAL thread (non-durable mode: `batches` is the oldest ready
-        entry, trimmed of what an adopted entry already holds)."""
+        """Publish one WAL entry of the MemTable `generation` at the next position, without the lock.
+        The caller is the only appender: the leader of a durable write group, or the WAL thread
+        (non-durable mode: `batches` is the oldest ready entry, trimmed of what an adopted entry
+        already holds)."""
         while True:
             data = encode_entry(batches, self.epoch, generation)
             position = self._next_position
@@ -394,11 +444,12 @@ class RegionWriter:
         self._stats["wal_bytes"] += len(data)
 
     def _adopt(self, entry: WalEntry) -> None:
-        if self.config.durable_write:  # the write that failed never reached the MemTable
-            for batch in entry.batches:
-                self._active.append(self._conform_replayed(batch, entry.position))
-            self._active.last_wal_position = entry.position
-        self._next_position = entry.position + 1
+        with self._cond:
+            if self.config.durable_write:  # the writes that failed never reached the MemTable
+                for batch in entry.batches:
+                    self._active.append(self._conform_replayed(batch, entry.position))
+                self._active.last_wal_position = entry.position
+            self._next_position = entry.position + 1
 
     def _close_entry(self) -> None:
         """Make the pending batches one ready WAL entry (caller holds the lock)."""
@@ -452,7 +503,10 @@ class RegionWriter:
 
     def _seal(self) -> None:
         """Close the active MemTable and queue it for flushing (its buffered writes become its last
-        WAL entry; the flush commits once they are stored)."""
+        WAL entry; the flush commits once they are stored). Waits for a durable append in flight,
+        whose rows belong to the active MemTable."""
+        while self._appending:
+            self._cond.wait()
         self._close_entry()
         if self._active.num_rows == 0:
             return
@@ -614,6 +668,23 @@ class RegionWriter:
         wait(list(self._writes.values()))  # a stopped writer leaves no write running (orphans stay)
         if self._indexer is not None:
             self._indexer.stop()
+
+
+class _Group:
+    """Durable writes that go into one WAL entry, and how its append ended."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+        self.done = False
+        self.error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        self.done, self.error = True, error
+
+    def result(self) -> None:
+        """Return if the entry was stored; raise the append's error otherwise."""
+        if self.error is not None:
+            raise self.error
 
 
 def _set_last_seen(m: pb.ShardManifest, position: int) -> None:

@@ -86,15 +86,20 @@ class TableWriter:
                 fn(*args)
 
     def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
-        """Run the calls (one per region) concurrently; raise the first error after all finished."""
-        if len(calls) == 1:
-            fn, args = calls[0]
-            fn(*args)
+        """Run the calls (one per region) concurrently, the first in this thread; raise the first
+        error after all finished."""
+        if not calls:
             return
-        if self._pool is None:
+        if len(calls) > 1 and self._pool is None:
             self._pool = ThreadPoolExecutor(_MAX_PARALLEL_REGIONS, thread_name_prefix="memwal-route")
-        futures = [self._pool.submit(fn, *args) for fn, args in calls]
-        errors = [e for f in futures if (e := f.exception()) is not None]
+        futures = [self._pool.submit(fn, *args) for fn, args in calls[1:]] if self._pool else []
+        errors = []
+        fn, args = calls[0]
+        try:
+            fn(*args)
+        except Exception as e:  # reported once the other regions' calls are done too
+            errors.append(e)
+        errors += [e for f in futures if (e := f.exception()) is not None]
         if errors:
             raise errors[0]
 

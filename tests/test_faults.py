@@ -253,6 +253,43 @@ def test_pipelined_flush_commits_in_generation_order(tmp_path):
     assert {k: r["v"] for k, r in got.items()} == {k: f"a{k}" for k in range(4)}
 
 
+def test_concurrent_durable_puts_share_wal_entries(tmp_path):
+    """Group commit: durable puts of one region that arrive while a WAL append is in flight (here
+    stalled) go into the next entry together. Each put returns only once its rows are in a stored
+    entry, every row is in exactly one entry, and a put alone still gets an entry of its own."""
+    table = new_table(str(tmp_path / "t"), None)
+    plan = FaultPlan(delay_s=0.5)
+    with_faults(table, plan)
+    rid = uuid.uuid4()
+    writer = table.region_writer(rid, durable=True)
+    writer.put(pa.Table.from_pylist([{"id": 0, "v": "alone"}], schema=SCHEMA))
+    plan.force("delay", lambda op, path: op == "create" and f"/{layout.WAL_DIR}/" in path)
+    n = 4
+    barrier = threading.Barrier(n)
+    stored_when_returned: dict[int, bool] = {}
+
+    def put(t: int) -> None:
+        barrier.wait()
+        writer.put(pa.Table.from_pylist([{"id": 100 + t, "v": f"t{t}"}], schema=SCHEMA))
+        in_wal = {r["id"] for rec in wal_records(table, rid) for r in rec.rows}
+        stored_when_returned[t] = 100 + t in in_wal
+
+    threads = [threading.Thread(target=put, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert plan.injected["delay"] == 1
+    assert stored_when_returned == dict.fromkeys(range(n), True)
+    entries = [rec for rec in wal_records(table, rid) if not rec.sentinel]
+    assert sorted(r["id"] for rec in entries for r in rec.rows) == [0, *range(100, 100 + n)]
+    # the first put alone; the put whose append stalled; the other three together, one batch each
+    assert [rec.batches for rec in entries] == [1, 1, n - 1]
+    writer.close()
+    got = stored_rows(mw.open_table(str(tmp_path / "t")))
+    assert {k: r["v"] for k, r in got.items()} == {0: "alone", **{100 + t: f"t{t}" for t in range(n)}}
+
+
 # ---------------------------------------------------------------------------------------------------
 # Background jobs under storage faults
 # ---------------------------------------------------------------------------------------------------
