@@ -55,6 +55,9 @@ class MemTable:
         # WAL positions holding this MemTable's rows (inclusive); 0 while none is durable.
         self.last_wal_position = 0
         self.unlogged_entries = 0  # its WAL entries not stored yet (non-durable writers)
+        # Its last writes, which no WAL entry holds: its generation makes them durable (non-durable
+        # writers seal without appending the buffered writes).
+        self.unlogged_tail: list[pa.RecordBatch] = []
 
     def __len__(self) -> int:
         return self.num_rows

@@ -8,11 +8,12 @@ Life cycle (spec "Writer Expectations", Lance 14's protocol):
    rebuild the MemTable from them (sentinels skipped; entries of fenced or crashed writers included).
    An existing region then gets a fence sentinel at the first free position and a second manifest
    version whose `wal_entry_position_last_seen` is the sentinel's position.
-3. Write: validate, append to the WAL (durable mode: before returning; otherwise batched by size,
-   count and time), add to the MemTable.
-4. MemTable flush (background, or `flush()`/`close()`): seal the MemTable, write it as a generation,
-   then, once every WAL entry holding its rows is stored, commit a manifest version that lists it,
-   after checking the epoch is still ours.
+3. Write: validate, append to the WAL (durable mode: before returning, concurrent writes sharing an
+   entry; otherwise batched by size, count and time), add to the MemTable.
+4. MemTable flush (background, or `flush()`/`close()`): seal the MemTable, write it as a generation
+   (up to `_FLUSH_DEPTH` of a region at once), then, in generation order and once every WAL entry
+   holding its rows is stored, commit a manifest version that lists it, after checking the epoch is
+   still ours.
 
 Guarantees: a write that returned in durable mode is in the WAL and survives any crash; a writer whose
 WAL position or manifest shows a newer epoch raises `WriterFencedError` on every later call, carrying
@@ -136,8 +137,9 @@ class RegionWriter:
         self._cond = threading.Condition(threading.RLock())
         self._sealed: deque[MemTable] = deque()
         self._writes: dict[int, Future[pb.SsTable]] = {}  # generation -> its write (flush thread only)
-        # Non-durable mode: accepted batches collect in `_pending` until a threshold (or sealing the
-        # MemTable) makes them one WAL entry in `_ready`, with the MemTable holding its rows; the WAL
+        # Non-durable mode: accepted batches collect in `_pending` until a threshold makes them one
+        # WAL entry in `_ready` (sealing the MemTable makes them its `unlogged_tail` instead, made
+        # durable by its generation alone), with the MemTable holding its rows; the WAL
         # thread alone appends ready entries, in order, outside the lock: puts never wait for storage.
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
@@ -310,7 +312,9 @@ class RegionWriter:
                 "sealed_memtables": len(self._sealed),
                 "unflushed_bytes": self._unflushed_bytes(),
                 "next_wal_position": self._next_position,
-                "buffered_batches": len(self._pending) + sum(len(b) for b, _ in self._ready),
+                "buffered_batches": len(self._pending)
+                + sum(len(b) for b, _ in self._ready)
+                + sum(len(m.unlogged_tail) for m in self._sealed),
             }
 
     # ------------------------------------------------------------------ write path
@@ -502,14 +506,15 @@ class RegionWriter:
             self._check_usable()
 
     def _seal(self) -> None:
-        """Close the active MemTable and queue it for flushing (its buffered writes become its last
-        WAL entry; the flush commits once they are stored). Waits for a durable append in flight,
-        whose rows belong to the active MemTable."""
+        """Close the active MemTable and queue it for flushing. Its buffered (non-durable) writes get
+        no WAL entry: its generation makes them durable, and newer WAL entries wait for that commit
+        (`_wal_blocked`), so a crash still loses only the newest writes. Waits for a durable append
+        in flight, whose rows belong to the active MemTable."""
         while self._appending:
             self._cond.wait()
-        self._close_entry()
         if self._active.num_rows == 0:
             return
+        self._active.unlogged_tail, self._pending, self._pending_bytes = self._pending, [], 0
         self._sealed.append(self._active)
         self._active = self._new_memtable(self._active.generation + 1)
         self._active.last_wal_position = self._next_position - 1
@@ -590,6 +595,13 @@ class RegionWriter:
             self._stats["generations"] += 1
             self._cond.notify_all()
 
+    def _wal_blocked(self) -> bool:
+        """Whether the oldest ready entry must wait: an older sealed MemTable holds writes that no
+        WAL entry holds and its generation is not committed yet (this entry first would let a crash
+        keep newer writes and lose older ones). Caller holds the lock."""
+        generation = self._ready[0][1].generation
+        return any(m.unlogged_tail and m.generation < generation for m in self._sealed)
+
     def _wal_loop(self) -> None:
         """Non-durable mode: append ready entries in order, and make the pending batches one when
         the oldest is `max_wal_flush_interval_ms` old. Appends run without the lock: puts go on."""
@@ -607,6 +619,9 @@ class RegionWriter:
                         self._cond.wait(left)
                         continue
                     self._close_entry()
+                if self._wal_blocked():
+                    self._cond.wait()  # until the older generation commits
+                    continue
             try:
                 self._append_ready()
             except WriterFencedError:
@@ -641,7 +656,13 @@ class RegionWriter:
 
     def _fence(self, reason: str) -> WriterFencedError:
         with self._cond:
-            lost = [b for batches, _ in self._ready for b in batches] + self._pending
+            lost: list[pa.RecordBatch] = []  # in write order
+            committed = {s.generation for s in self.manifest.sstables}
+            for m in [*self._sealed, self._active]:
+                lost += [b for batches, owner in self._ready if owner is m for b in batches]
+                if m.generation not in committed:
+                    lost += m.unlogged_tail
+            lost += self._pending
             self._ready, self._pending = deque(), []
             not_durable = pa.Table.from_batches(lost, schema=self.ctx.schema.wal) if lost else None
             err = WriterFencedError(
