@@ -112,6 +112,7 @@ class Run:
     generations: int
     wal_entries: int
     extra: dict[str, Any] = field(default_factory=dict)
+    threads: int = 1  # concurrent putters
 
     @property
     def total_s(self) -> float:
@@ -138,11 +139,15 @@ class NativeRouter:
         self.open: dict[int, Any] = {}
         self.spec = ds.mem_wal_index_details()["sharding_specs"][0]
         self.lance_schema = ds.lance_schema
+        self.lock = threading.Lock()  # one writer per shard when several threads put
 
     def writer(self, region: int) -> Any:
         w = self.open.get(region)
         if w is None:
-            w = self.open[region] = self.ds.mem_wal_writer(self.shards[region], **self.kwargs)
+            with self.lock:
+                w = self.open.get(region)
+                if w is None:
+                    w = self.open[region] = self.ds.mem_wal_writer(self.shards[region], **self.kwargs)
         return w
 
     def put(self, table: pa.Table) -> None:
@@ -166,14 +171,31 @@ class NativeRouter:
 
 
 def timed_puts(
-    put: Callable[[pa.Table], None], close: Callable[[], None], batches: list[pa.Table]
+    put: Callable[[pa.Table], None], close: Callable[[], None], batches: list[pa.Table], threads: int = 1
 ) -> tuple[float, float]:
+    """(seconds until the last put returned, seconds of close()). With `threads` > 1, that many
+    threads put batches i, i + threads, i + 2 * threads ... at the same time."""
     gc.collect()
     os.sync()  # the previous run's dirty pages are not this run's I/O
+    errors: list[BaseException] = []
+
+    def share(i: int) -> None:
+        try:
+            for b in batches[i::threads]:
+                put(b)
+        except BaseException as e:
+            errors.append(e)
+
+    workers = [threading.Thread(target=share, args=(i,)) for i in range(1, threads)]
     t0 = time.perf_counter()
-    for b in batches:
-        put(b)
+    for w in workers:
+        w.start()
+    share(0)
+    for w in workers:
+        w.join()
     t1 = time.perf_counter()
+    if errors:
+        raise errors[0]
     close()
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
@@ -213,36 +235,43 @@ def run_ours(
     memtable_rows: int,
     profile: str | None = None,
     profile_cpu: bool = False,
+    threads: int = 1,
 ) -> Run:
-    uri = scratch.new(f"ours-{'d' if durable else 'nd'}-{regions}r")
+    uri = scratch.new(f"ours-{'d' if durable else 'nd'}-{regions}r-{threads}t")
     table = ours_table(uri, wl.base, regions)
     profiler = AllThreads(profile_cpu) if profile else None
     if profiler:
         profiler.start()
     w = table.writer(durable=durable, max_memtable_rows=memtable_rows)
-    put_s, close_s = timed_puts(w.put, w.close, wl.batches)
+    put_s, close_s = timed_puts(w.put, w.close, wl.batches, threads)
     if profiler:
         profiler.stop(profile)
     gens, wal = mem_wal_files(uri)
     stats = [rw.stats() for rw in w.writers.values()]
     extra = {"wal_bytes": sum(s["wal_bytes"] for s in stats)}
-    return Run("memwal_df", durable, regions, wl.upsert_rows, put_s, close_s, gens, wal, extra)
+    return Run("memwal_df", durable, regions, wl.upsert_rows, put_s, close_s, gens, wal, extra, threads)
 
 
 def run_native(
-    scratch: Scratch, wl: Workload, regions: int, durable: bool, memtable_rows: int, interval_ms: int | None
+    scratch: Scratch,
+    wl: Workload,
+    regions: int,
+    durable: bool,
+    memtable_rows: int,
+    interval_ms: int | None,
+    threads: int = 1,
 ) -> Run:
     engine = "lance" if interval_ms is None else "lance (tuned)"
-    uri = scratch.new(f"lance-{'d' if durable else 'nd'}-{regions}r-{interval_ms}")
+    uri = scratch.new(f"lance-{'d' if durable else 'nd'}-{regions}r-{interval_ms}-{threads}t")
     ds = native_table(uri, wl.base, regions)
     kwargs: dict[str, Any] = {"durable_write": durable, "max_memtable_rows": memtable_rows}
     if interval_ms is not None:
         kwargs["max_wal_flush_interval_ms"] = interval_ms
     router = NativeRouter(ds, regions, **kwargs)
-    put_s, close_s = timed_puts(router.put, router.close, wl.batches)
+    put_s, close_s = timed_puts(router.put, router.close, wl.batches, threads)
     gens, wal = mem_wal_files(uri)
     extra = {"max_wal_flush_interval_ms": interval_ms or 100}
-    return Run(engine, durable, regions, wl.upsert_rows, put_s, close_s, gens, wal, extra)
+    return Run(engine, durable, regions, wl.upsert_rows, put_s, close_s, gens, wal, extra, threads)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -443,9 +472,9 @@ def _fmt_rate(x: float) -> str:
 
 def median_runs(runs: list[Run]) -> list[tuple[Run, list[Run]]]:
     """Per configuration (first-seen order): the run with the median total time, and all its runs."""
-    groups: dict[tuple[str, bool, int], list[Run]] = {}
+    groups: dict[tuple[str, bool, int, int], list[Run]] = {}
     for r in runs:
-        groups.setdefault((r.engine, r.durable, r.regions), []).append(r)
+        groups.setdefault((r.engine, r.durable, r.regions, r.threads), []).append(r)
     out = []
     for rs in groups.values():
         ordered = sorted(rs, key=lambda r: r.total_s)
@@ -458,7 +487,7 @@ def markdown(runs: list[Run], latencies: list[Latency]) -> str:
 
     def native_of(r: Run, engine: str) -> Run | None:
         for o, _ in medians:
-            if o.engine == engine and o.durable == r.durable and o.regions == r.regions:
+            if (o.engine, o.durable, o.regions, o.threads) == (engine, r.durable, r.regions, r.threads):
                 return o
         return None
 
@@ -466,10 +495,10 @@ def markdown(runs: list[Run], latencies: list[Latency]) -> str:
     lines = [
         "### Upsert throughput (each run ends with close(): everything durable and flushed into generations)",
         "",
-        "| engine | mode | regions | puts s | close s | total s | rows/s "
+        "| engine | mode | regions | putters | puts s | close s | total s | rows/s "
         + ("| rows/s min-max " if repeats > 1 else "")
         + "| rows/s (puts only) | gens | WAL entries | memwal_df / lance | memwal_df / lance (tuned) |",
-        "|---|---|--:|--:|--:|--:|--:|" + ("--:|" if repeats > 1 else "") + "--:|--:|--:|--:|--:|",
+        "|---|---|--:|--:|--:|--:|--:|--:|" + ("--:|" if repeats > 1 else "") + "--:|--:|--:|--:|--:|",
     ]
     for r, rs in medians:
         ratio = ratio_tuned = ""
@@ -483,7 +512,8 @@ def markdown(runs: list[Run], latencies: list[Latency]) -> str:
             rates = [x.rows_per_s for x in rs]
             spread = f"| {_fmt_rate(min(rates))} - {_fmt_rate(max(rates))} "
         lines.append(
-            f"| {r.engine} | {'durable' if r.durable else 'non-durable'} | {r.regions} | {r.put_s:.2f} "
+            f"| {r.engine} | {'durable' if r.durable else 'non-durable'} | {r.regions} | {r.threads} "
+            f"| {r.put_s:.2f} "
             f"| {r.close_s:.2f} | {r.total_s:.2f} | {_fmt_rate(r.rows_per_s)} {spread}"
             f"| {_fmt_rate(r.put_rows_per_s)} | {r.generations} | {r.wal_entries} | {ratio} | {ratio_tuned} |"
         )
@@ -523,6 +553,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dir", help="where tables go (default: a temp dir under bench/results/, same disk)")
     p.add_argument("--repeat", type=int, default=1, help="throughput runs per configuration (median shown)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="also run durable throughput with this many threads putting at once (group commit)",
+    )
+    p.add_argument(
+        "--only",
+        choices=["durable", "non-durable"],
+        help="throughput runs of this mode only, and no latency runs (for quick comparisons)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the tables")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--profile", help="only profile memwal_df durable, 4 regions (cProfile) into this file")
@@ -569,27 +610,33 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
             print(
                 f"  {run.engine:14s} {'durable' if run.durable else 'non-durable':11s} "
-                f"{run.regions} region(s): {run.rows_per_s:>10,.0f} rows/s "
+                f"{run.regions} region(s), {run.threads} putter(s): {run.rows_per_s:>10,.0f} rows/s "
                 f"(puts {run.put_s:.2f}s + close {run.close_s:.2f}s)",
                 flush=True,
             )
 
+        modes = (True, False) if args.only is None else (args.only == "durable",)
+        configs = [(regions, durable, 1) for regions in (NUM_REGIONS, 1) for durable in modes]
+        if args.threads > 1 and True in modes:
+            configs += [(regions, True, args.threads) for regions in (NUM_REGIONS, 1)]
         for rep in range(args.repeat):
-            for regions in (NUM_REGIONS, 1):
-                for durable in (True, False):
-                    todo: list[Callable[[], Run]] = [
-                        lambda: run_ours(scratch, wl, regions, durable, memtable_rows),  # noqa: B023
-                        lambda: run_native(scratch, wl, regions, durable, memtable_rows, None),  # noqa: B023
-                    ]
-                    if durable and tuned:
-                        todo.append(
-                            lambda: run_native(scratch, wl, regions, durable, memtable_rows, tuned)  # noqa: B023
-                        )
-                    for run in todo if rep % 2 == 0 else todo[::-1]:  # alternate who goes first
-                        record(run())
+            for regions, durable, threads in configs:
+                todo: list[Callable[[], Run]] = [
+                    lambda: run_ours(scratch, wl, regions, durable, memtable_rows, threads=threads),  # noqa: B023
+                    lambda: run_native(scratch, wl, regions, durable, memtable_rows, None, threads),  # noqa: B023
+                ]
+                if durable and tuned:
+                    todo.append(
+                        lambda: run_native(scratch, wl, regions, durable, memtable_rows, tuned, threads)  # noqa: B023
+                    )
+                for run in todo if rep % 2 == 0 else todo[::-1]:  # alternate who goes first
+                    record(run())
 
-        latencies, entry_size = put_latency(scratch, wl, latency_puts, tuned)
-        latencies += durability_lag(scratch, wl, args.lag_puts)
+        latencies: list[Latency] = []
+        entry_size = 0
+        if args.only is None:
+            latencies, entry_size = put_latency(scratch, wl, latency_puts, tuned)
+            latencies += durability_lag(scratch, wl, args.lag_puts)
         for lat in latencies:
             print(f"  {lat.name}: p50 {lat.p50:.3f} ms, p99 {lat.p99:.3f} ms", flush=True)
 

@@ -28,6 +28,7 @@ import json
 import secrets
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import wait
 from typing import Any
 
 import lance
@@ -35,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df import layout
+from memwal_df._pools import shared_pool
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df._wire import encode_varint, read_varint
 from memwal_df.errors import MissingGenerationError
@@ -48,6 +50,7 @@ from memwal_df.wal import FIELD_ID_KEY, TOMBSTONE
 # the limit must stay below 2**32: pylance 14 given 1 << 62 (or 2**32, 2**33 + 5 ...) starts a new
 # fragment at input batch boundaries, and `_pk_index` row ids assume a single fragment 0.
 _ONE_FRAGMENT = (1 << 31) - 1
+_SIDECAR_THREADS = 4  # generations whose bloom filter and pk index are written at once
 
 
 def primary_key_bytes(table: pa.Table, primary_key: Sequence[str]) -> int:
@@ -78,26 +81,38 @@ def write_generation(
     indexes: Sequence[MaintainedIndex] = (),
 ) -> pb.SsTable:
     """Write `memtable` as a new generation directory with its maintained `indexes` and return its
-    manifest entry."""
+    manifest entry.
+
+    The bloom filter and the `_pk_index` files are written on another thread while pylance writes the
+    data (it releases the GIL); the maintained indexes, built on the written dataset, follow; then one
+    concurrent fsync pass over the directory."""
     data = memtable.newest()
     dir_name = layout.generation_dir_name(secrets.token_hex(4), memtable.generation)
     rel = layout.generation_path(region_id, dir_name)
     uri = storage.child_uri(rel)
     options = storage.storage_options or None
-    ids = table_field_ids(data.schema, storage)
-    if ids is None:
-        lance.write_dataset(
-            data,
-            uri,
-            mode="create",
-            data_storage_version=data_storage_version,
-            max_rows_per_file=_ONE_FRAGMENT,
-            storage_options=options,
-        )
-    else:
-        _write_with_field_ids(data, uri, ids, data_storage_version, options)
-    storage.put(f"{rel}/{layout.BLOOM_FILTER_FILE}", memtable.bloom.to_bytes())
-    write_pk_index(uri, [data.column(c) for c in memtable.primary_key], storage.storage_options or None)
+
+    def sidecars() -> None:
+        storage.put(f"{rel}/{layout.BLOOM_FILTER_FILE}", memtable.bloom.to_bytes())
+        write_pk_index(uri, [data.column(c) for c in memtable.primary_key], options)
+
+    side = shared_pool("generation", _SIDECAR_THREADS).submit(sidecars)
+    try:
+        ids = table_field_ids(data.schema, storage)
+        if ids is None:
+            lance.write_dataset(
+                data,
+                uri,
+                mode="create",
+                data_storage_version=data_storage_version,
+                max_rows_per_file=_ONE_FRAGMENT,
+                storage_options=options,
+            )
+        else:
+            _write_with_field_ids(data, uri, ids, data_storage_version, options)
+    finally:
+        wait([side])  # never leave a sidecar writing into a directory the caller may retry beside
+    side.result()
     write_generation_indexes(uri, indexes, options)
     storage.sync_tree(rel)  # durable before any manifest names it
     return pb.SsTable(

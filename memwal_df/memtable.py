@@ -1,10 +1,11 @@
 """The MemTable: the in-memory level of one region, one Arrow record batch per write.
 
-Beside the batches it keeps a hash index from primary key to the position of the newest row with that
-key (positions count rows across all batches in write order) and the primary-key bloom filter that is
-flushed as `bloom_filter.bin`. Both catch up with the batches when they are read, in one vectorized pass
-over every batch appended since, so a write pays only for appending its batch. Tombstones
-(`_tombstone = true`) are rows like any other: the newest row of a key decides whether the key exists.
+Beside the batches it keeps the primary-key bloom filter that is flushed as `bloom_filter.bin`, which
+catches up with the batches when it is read (one vectorized pass over the batches appended since), and
+the positions of the newest row of every key (positions count rows across all batches in write order),
+found by one hash aggregation over the key columns when asked for and kept until the next write. A
+write pays only for appending its batch. Tombstones (`_tombstone = true`) are rows like any other: the
+newest row of a key decides whether the key exists.
 
 The maintained vector and full-text indexes (`memwal_df.memtable_index`) are kept in `indexes`: the
 writer brings them up to date on every write (`indexed_write`) or in the background, and a reader's
@@ -17,25 +18,21 @@ writer serializes access (its `indexes` are thread-safe).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_df.bloom import BloomFilter
 from memwal_df.maintained import MaintainedIndex
 from memwal_df.memtable_index import MemTableIndexes, TermRows, VectorRows
-
-
-def key_list(columns: Sequence[pa.Array | pa.ChunkedArray]) -> list[Hashable]:
-    """Primary keys as hashable Python values: scalars for one column, tuples for composite keys."""
-    values = [c.to_pylist() for c in columns]
-    return values[0] if len(values) == 1 else list(zip(*values, strict=True))
+from memwal_df.pk_index import pk_index_key
 
 
 class MemTable:
-    """Batches of one generation with a pk → newest-row index and a bloom filter."""
+    """Batches of one generation with a bloom filter of their keys and the newest row of each key."""
 
     def __init__(
         self,
@@ -50,26 +47,33 @@ class MemTable:
         self.batches: list[pa.RecordBatch] = []
         self.indexes = MemTableIndexes(indexes, schema)
         self._bloom = BloomFilter.empty()
-        self._index: dict[Hashable, int] = {}
-        self._indexed_batches = 0  # batches already in _index and _bloom
-        self._indexed_rows = 0
+        self._bloom_batches = 0  # batches already in _bloom
+        # (batches covered, positions of the newest row per key; None when every row is the newest)
+        self._newest_cache: tuple[int, np.ndarray | None] = (0, None)
         self.num_rows = 0
         self.nbytes = 0
         # WAL positions holding this MemTable's rows (inclusive); 0 while none is durable.
         self.last_wal_position = 0
         self.unlogged_entries = 0  # its WAL entries not stored yet (non-durable writers)
+        # Its last writes, which no WAL entry holds: its generation makes them durable (non-durable
+        # writers seal without appending the buffered writes).
+        self.unlogged_tail: list[pa.RecordBatch] = []
 
     def __len__(self) -> int:
         return self.num_rows
 
     @property
     def num_keys(self) -> int:
-        return len(self._catch_up())
+        positions = self._newest_positions()
+        return self.num_rows if positions is None else len(positions)
 
     @property
     def bloom(self) -> BloomFilter:
         """The bloom filter of every key written (tombstones included)."""
-        self._catch_up()
+        if self._bloom_batches < len(self.batches):
+            new = pa.Table.from_batches(self.batches[self._bloom_batches :], schema=self.schema)
+            self._bloom.insert_keys([new.column(name) for name in self.primary_key])
+            self._bloom_batches = len(self.batches)
         return self._bloom
 
     def append(self, batch: pa.RecordBatch) -> None:
@@ -80,26 +84,30 @@ class MemTable:
         self.num_rows += batch.num_rows
         self.nbytes += batch.nbytes
 
-    def _catch_up(self) -> dict[Hashable, int]:
-        """Index and bloom-filter the batches appended since the last call; returns the index."""
-        if self._indexed_batches < len(self.batches):
-            new = pa.Table.from_batches(self.batches[self._indexed_batches :], schema=self.schema)
-            keys = [new.column(name) for name in self.primary_key]
-            start = self._indexed_rows
-            self._index.update(zip(key_list(keys), range(start, start + new.num_rows), strict=True))
-            self._bloom.insert_keys(keys)
-            self._indexed_batches = len(self.batches)
-            self._indexed_rows += new.num_rows
-        return self._index
-
     def to_table(self) -> pa.Table:
         """Every row written, in write order (duplicates and tombstones included)."""
         return pa.Table.from_batches(self.batches, schema=self.schema)
 
+    def _newest_positions(self) -> np.ndarray | None:
+        """Ascending positions of the newest row of every key; None when every row is one (no key
+        repeats). One hash aggregation (max position per key), cached until the next write."""
+        covered, positions = self._newest_cache
+        if covered == len(self.batches):
+            return positions
+        table = self.to_table()
+        with_positions, position = _with_positions(table.select(self.primary_key))
+        newest = with_positions.group_by(self.primary_key, use_threads=False).aggregate([(position, "max")])
+        if newest.num_rows == table.num_rows:
+            positions = None
+        else:
+            positions = np.sort(newest.column(f"{position}_max").to_numpy())
+        self._newest_cache = (len(self.batches), positions)
+        return positions
+
     def newest_positions(self) -> np.ndarray:
         """Positions of the newest row of every key, ascending (= forward write order)."""
-        index = self._catch_up()
-        return np.sort(np.fromiter(index.values(), dtype=np.int64, count=len(index)))
+        positions = self._newest_positions()
+        return np.arange(self.num_rows, dtype=np.int64) if positions is None else positions
 
     def newest(self) -> pa.Table:
         """One row per key, the newest (tombstones included), in forward write order."""
@@ -107,12 +115,13 @@ class MemTable:
 
     def _newest(self) -> tuple[pa.Table, np.ndarray | None]:
         """(`newest()`, the positions of its rows; None when it is every row)."""
+        positions = self._newest_positions()
         table = self.to_table()
-        if len(self._catch_up()) == table.num_rows:
+        if positions is None:
             return table, None
-        positions = self.newest_positions()
-        # Take from one contiguous table: a take across the MemTable's many small batches costs ~30x more.
-        return table.combine_chunks().take(pa.array(positions)), positions
+        keep = np.zeros(self.num_rows, dtype=bool)
+        keep[positions] = True  # a filter keeps forward order and copies each kept row once, batch by batch
+        return table.filter(pa.array(keep)), positions
 
     def snapshot(self) -> MemTableSnapshot:
         """`newest()` now, with access to the MemTable indexes for those rows."""
@@ -121,9 +130,18 @@ class MemTable:
 
     def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
         """The newest rows (tombstones included) of the given keys that this MemTable holds."""
-        index = self._catch_up()
-        hits = [p for k in key_list(keys) if (p := index.get(k)) is not None]
-        return self.to_table().take(pa.array(sorted(set(hits)), pa.int64()))
+        newest = self.newest()
+        asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
+        held = [newest.column(name).combine_chunks() for name in self.primary_key]
+        return newest.filter(pc.is_in(pk_index_key(held), value_set=pk_index_key(asked)))
+
+
+def _with_positions(keys: pa.Table) -> tuple[pa.Table, str]:
+    """`keys` with a column of row positions 0, 1, 2 ... and that column's name (one no key has)."""
+    name = "_position"
+    while name in keys.column_names:
+        name = "_" + name
+    return keys.append_column(name, pa.array(np.arange(keys.num_rows, dtype=np.int64))), name
 
 
 @dataclass(frozen=True, eq=False)

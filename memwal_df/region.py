@@ -8,11 +8,12 @@ Life cycle (spec "Writer Expectations", Lance 14's protocol):
    rebuild the MemTable from them (sentinels skipped; entries of fenced or crashed writers included).
    An existing region then gets a fence sentinel at the first free position and a second manifest
    version whose `wal_entry_position_last_seen` is the sentinel's position.
-3. Write: validate, append to the WAL (durable mode: before returning; otherwise batched by size,
-   count and time), add to the MemTable.
-4. MemTable flush (background, or `flush()`/`close()`): seal the MemTable, write it as a generation,
-   then, once every WAL entry holding its rows is stored, commit a manifest version that lists it,
-   after checking the epoch is still ours.
+3. Write: validate, append to the WAL (durable mode: before returning, concurrent writes sharing an
+   entry; otherwise batched by size, count and time), add to the MemTable.
+4. MemTable flush (background, or `flush()`/`close()`): seal the MemTable, write it as a generation
+   (up to `_FLUSH_DEPTH` of a region at once), then, in generation order and once every WAL entry
+   holding its rows is stored, commit a manifest version that lists it, after checking the epoch is
+   still ours.
 
 Guarantees: a write that returned in durable mode is in the WAL and survives any crash; a writer whose
 WAL position or manifest shows a newer epoch raises `WriterFencedError` on every later call, carrying
@@ -28,12 +29,14 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df._pools import shared_pool
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     BackpressureTimeoutError,
@@ -54,6 +57,15 @@ from memwal_df.storage import Storage
 from memwal_df.wal import Wal, WalEntry, encode_entry, encode_fence_sentinel
 
 log = logging.getLogger(__name__)
+
+# Sealed MemTables of one region written as generations at the same time (their commits stay in
+# order); the process-wide pool bounds the generation writes of all regions together.
+_FLUSH_DEPTH = 2
+_FLUSH_THREADS = 8
+
+
+def _flush_pool() -> ThreadPoolExecutor:
+    return shared_pool("flush", _FLUSH_THREADS)
 
 
 @dataclass(frozen=True)
@@ -124,13 +136,18 @@ class RegionWriter:
         self._wal = Wal(ctx.storage, region_id)
         self._cond = threading.Condition(threading.RLock())
         self._sealed: deque[MemTable] = deque()
-        # Non-durable mode: accepted batches collect in `_pending` until a threshold (or sealing the
-        # MemTable) makes them one WAL entry in `_ready`, with the MemTable holding its rows; the WAL
+        self._writes: dict[int, Future[pb.SsTable]] = {}  # generation -> its write (flush thread only)
+        # Non-durable mode: accepted batches collect in `_pending` until a threshold makes them one
+        # WAL entry in `_ready` (sealing the MemTable makes them its `unlogged_tail` instead, made
+        # durable by its generation alone), with the MemTable holding its rows; the WAL
         # thread alone appends ready entries, in order, outside the lock: puts never wait for storage.
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
         self._pending_since = 0.0
         self._ready: deque[tuple[list[pa.RecordBatch], MemTable]] = deque()
+        # Durable mode: the writes waiting for the next WAL entry, and whether an append is in flight.
+        self._joining: _Group | None = None
+        self._appending = False
         self._error: MemWalError | None = None  # a fatal error (fencing): every later call raises it
         self._flush_error: BaseException | None = None  # last failed background write (retried)
         self._closed = False
@@ -295,7 +312,9 @@ class RegionWriter:
                 "sealed_memtables": len(self._sealed),
                 "unflushed_bytes": self._unflushed_bytes(),
                 "next_wal_position": self._next_position,
-                "buffered_batches": len(self._pending) + sum(len(b) for b, _ in self._ready),
+                "buffered_batches": len(self._pending)
+                + sum(len(b) for b, _ in self._ready)
+                + sum(len(m.unlogged_tail) for m in self._sealed),
             }
 
     # ------------------------------------------------------------------ write path
@@ -326,27 +345,73 @@ class RegionWriter:
             )
 
     def _write(self, batch: pa.RecordBatch) -> None:
+        if self.config.durable_write:
+            self._write_durable(batch)
+            return
         with self._cond:
             self._check_usable()
             self._wait_for_room(batch.nbytes)
-            if self.config.durable_write:
-                self._append_wal([batch], self._active.generation)
-            else:
-                if not self._pending:
-                    self._pending_since = time.monotonic()
-                self._pending.append(batch)
-                self._pending_bytes += batch.nbytes
-                if self._wal_buffer_full():
-                    self._close_entry()
-                if len(self._pending) <= 1:
-                    self._cond.notify_all()  # the WAL loop starts its timer, or appends
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(batch)
+            self._pending_bytes += batch.nbytes
+            if self._wal_buffer_full():
+                self._close_entry()
+            if len(self._pending) <= 1:
+                self._cond.notify_all()  # the WAL loop starts its timer, or appends
+            self._add([batch])
+
+    def _write_durable(self, batch: pa.RecordBatch) -> None:
+        """Group commit: a write joins the group of writes waiting for the next WAL entry; the first
+        of them to find no append in flight appends the whole group as one entry (outside the lock),
+        adds it to the MemTable and wakes the others. Every write of the group returns (or raises
+        the append's error) once that entry is stored. A writer used from one thread writes one entry
+        per write."""
+        with self._cond:
+            self._check_usable()
+            self._wait_for_room(batch.nbytes)
+            group = self._joining
+            if group is None:
+                group = self._joining = _Group()
+            group.batches.append(batch)
+            while self._appending and not group.done:
+                self._cond.wait()
+            if not group.done:  # lead the group
+                self._joining = None
+                try:
+                    self._check_usable()
+                except MemWalError as e:
+                    group.finish(e)
+                    self._cond.notify_all()
+                    raise
+                self._appending = True
+                generation = self._active.generation
+        if group.done:
+            group.result()
+            return
+        error: BaseException | None = None
+        try:
+            self._append_wal(group.batches, generation)
+        except BaseException as e:
+            error = e
+        with self._cond:
+            self._appending = False
+            if error is None:
+                self._add(group.batches)
+            group.finish(error)
+            self._cond.notify_all()
+        group.result()
+
+    def _add(self, batches: list[pa.RecordBatch]) -> None:
+        """Add accepted (durable mode: stored) batches to the active MemTable (caller holds the lock)."""
+        for batch in batches:
             self._active.append(batch)
-            self._index(self._active)
-            if self.config.durable_write:
-                self._active.last_wal_position = self._next_position - 1
             self._stats["rows"] += batch.num_rows
-            if self._memtable_full():
-                self._seal()
+        self._index(self._active)
+        if self.config.durable_write:
+            self._active.last_wal_position = self._next_position - 1
+        if self._memtable_full():
+            self._seal()
 
     def _index(self, memtable: MemTable) -> None:
         """Index the MemTable's new rows now (`indexed_write`) or on the background indexer."""
@@ -358,9 +423,10 @@ class RegionWriter:
             self._indexer.submit(memtable.indexes, memtable.batches)
 
     def _append_wal(self, batches: list[pa.RecordBatch], generation: int) -> None:
-        """Publish one WAL entry of the MemTable `generation` at the next position. The caller holds
-        the lock (durable mode) or is the WAL thread (non-durable mode: `batches` is the oldest ready
-        entry, trimmed of what an adopted entry already holds)."""
+        """Publish one WAL entry of the MemTable `generation` at the next position, without the lock.
+        The caller is the only appender: the leader of a durable write group, or the WAL thread
+        (non-durable mode: `batches` is the oldest ready entry, trimmed of what an adopted entry
+        already holds)."""
         while True:
             data = encode_entry(batches, self.epoch, generation)
             position = self._next_position
@@ -382,11 +448,12 @@ class RegionWriter:
         self._stats["wal_bytes"] += len(data)
 
     def _adopt(self, entry: WalEntry) -> None:
-        if self.config.durable_write:  # the write that failed never reached the MemTable
-            for batch in entry.batches:
-                self._active.append(self._conform_replayed(batch, entry.position))
-            self._active.last_wal_position = entry.position
-        self._next_position = entry.position + 1
+        with self._cond:
+            if self.config.durable_write:  # the writes that failed never reached the MemTable
+                for batch in entry.batches:
+                    self._active.append(self._conform_replayed(batch, entry.position))
+                self._active.last_wal_position = entry.position
+            self._next_position = entry.position + 1
 
     def _close_entry(self) -> None:
         """Make the pending batches one ready WAL entry (caller holds the lock)."""
@@ -439,11 +506,15 @@ class RegionWriter:
             self._check_usable()
 
     def _seal(self) -> None:
-        """Close the active MemTable and queue it for flushing (its buffered writes become its last
-        WAL entry; the flush commits once they are stored)."""
-        self._close_entry()
+        """Close the active MemTable and queue it for flushing. Its buffered (non-durable) writes get
+        no WAL entry: its generation makes them durable, and newer WAL entries wait for that commit
+        (`_wal_blocked`), so a crash still loses only the newest writes. Waits for a durable append
+        in flight, whose rows belong to the active MemTable."""
+        while self._appending:
+            self._cond.wait()
         if self._active.num_rows == 0:
             return
+        self._active.unlogged_tail, self._pending, self._pending_bytes = self._pending, [], 0
         self._sealed.append(self._active)
         self._active = self._new_memtable(self._active.generation + 1)
         self._active.last_wal_position = self._next_position - 1
@@ -452,6 +523,11 @@ class RegionWriter:
     # ------------------------------------------------------------------ background work
 
     def _flush_loop(self) -> None:
+        """Flush sealed MemTables: up to `_FLUSH_DEPTH` of the oldest are written as generations at
+        once (on the shared flush pool), and their manifest commits follow strictly in generation
+        order, each only once its generation is durable and its rows are in the WAL. A failed write
+        is retried in a new directory (after a backoff) while newer generations already written wait
+        for it; a failed commit is retried with the generation already written."""
         backoff = 0.05
         while True:
             with self._cond:
@@ -459,35 +535,55 @@ class RegionWriter:
                     self._cond.wait()
                 if self._closed or self._error is not None:
                     return
-                memtable = self._sealed[0]
+                queue = list(self._sealed)[:_FLUSH_DEPTH]
+            for memtable in queue:
+                if memtable.generation not in self._writes:
+                    self._writes[memtable.generation] = _flush_pool().submit(self._write_generation, memtable)
+            memtable = queue[0]
+            write = self._writes[memtable.generation]
             try:
-                self._flush_memtable(memtable)
-                backoff = 0.05
+                sstable = write.result()
+            except Exception as e:
+                del self._writes[memtable.generation]
+                backoff = self._flush_failed(memtable, e, backoff)
+                continue
+            try:
+                self._commit_generation(memtable, sstable)
             except WriterFencedError:
                 return
-            except Exception as e:  # a failed generation write: report it, keep the data, retry later
-                log.warning(
-                    "flush of generation %d of region %s failed: %s", memtable.generation, self.region_id, e
-                )
-                with self._cond:
-                    self._flush_error = e
-                    self._cond.notify_all()
-                    self._cond.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+            except Exception as e:
+                backoff = self._flush_failed(memtable, e, backoff)
+                continue
+            del self._writes[memtable.generation]
+            backoff = 0.05
 
-    def _flush_memtable(self, memtable: MemTable) -> None:
+    def _flush_failed(self, memtable: MemTable, error: Exception, backoff: float) -> float:
+        """Report a failed flush step to `flush()` callers and wait `backoff`; the next backoff."""
+        log.warning(
+            "flush of generation %d of region %s failed: %s", memtable.generation, self.region_id, error
+        )
+        with self._cond:
+            self._flush_error = error
+            self._cond.notify_all()
+            self._cond.wait(backoff)
+        return min(backoff * 2, 5.0)
+
+    def _write_generation(self, memtable: MemTable) -> pb.SsTable:
+        """Write `memtable` as a generation, retrying in a new directory up to `max_flush_retries`."""
         last_error: BaseException | None = None
         for _ in range(self.config.max_flush_retries):
             try:
-                sstable = write_generation(
+                return write_generation(
                     self._storage, self.region_id, memtable, self.ctx.data_storage_version, self.ctx.indexes
                 )
-                break
             except (OSError, ValueError, RuntimeError) as e:  # each retry writes a new directory
                 last_error = e
-        else:
-            assert last_error is not None
-            raise last_error
+        assert last_error is not None
+        raise last_error
+
+    def _commit_generation(self, memtable: MemTable, sstable: pb.SsTable) -> None:
+        """Commit the manifest version listing `memtable`'s generation (the oldest sealed one), once
+        every WAL entry holding its rows is stored."""
         with self._cond:  # the manifest may list it only once its rows are durable in the WAL
             while memtable.unlogged_entries and self._error is None and not self._closed:
                 self._cond.wait()
@@ -498,6 +594,13 @@ class RegionWriter:
             self._sealed.popleft()
             self._stats["generations"] += 1
             self._cond.notify_all()
+
+    def _wal_blocked(self) -> bool:
+        """Whether the oldest ready entry must wait: an older sealed MemTable holds writes that no
+        WAL entry holds and its generation is not committed yet (this entry first would let a crash
+        keep newer writes and lose older ones). Caller holds the lock."""
+        generation = self._ready[0][1].generation
+        return any(m.unlogged_tail and m.generation < generation for m in self._sealed)
 
     def _wal_loop(self) -> None:
         """Non-durable mode: append ready entries in order, and make the pending batches one when
@@ -516,6 +619,9 @@ class RegionWriter:
                         self._cond.wait(left)
                         continue
                     self._close_entry()
+                if self._wal_blocked():
+                    self._cond.wait()  # until the older generation commits
+                    continue
             try:
                 self._append_ready()
             except WriterFencedError:
@@ -550,7 +656,13 @@ class RegionWriter:
 
     def _fence(self, reason: str) -> WriterFencedError:
         with self._cond:
-            lost = [b for batches, _ in self._ready for b in batches] + self._pending
+            lost: list[pa.RecordBatch] = []  # in write order
+            committed = {s.generation for s in self.manifest.sstables}
+            for m in [*self._sealed, self._active]:
+                lost += [b for batches, owner in self._ready if owner is m for b in batches]
+                if m.generation not in committed:
+                    lost += m.unlogged_tail
+            lost += self._pending
             self._ready, self._pending = deque(), []
             not_durable = pa.Table.from_batches(lost, schema=self.ctx.schema.wal) if lost else None
             err = WriterFencedError(
@@ -574,8 +686,26 @@ class RegionWriter:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
+        wait(list(self._writes.values()))  # a stopped writer leaves no write running (orphans stay)
         if self._indexer is not None:
             self._indexer.stop()
+
+
+class _Group:
+    """Durable writes that go into one WAL entry, and how its append ended."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+        self.done = False
+        self.error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        self.done, self.error = True, error
+
+    def result(self) -> None:
+        """Return if the entry was stored; raise the append's error otherwise."""
+        if self.error is not None:
+            raise self.error
 
 
 def _set_last_seen(m: pb.ShardManifest, position: int) -> None:

@@ -61,14 +61,24 @@ def wal_schema(table_schema: pa.Schema, field_ids: dict[str, int]) -> pa.Schema:
     return pa.schema(fields)
 
 
+def _has_dictionary(t: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) or any(_has_dictionary(t.field(i).type) for i in range(t.num_fields))
+
+
 def encode_entry(batches: Sequence[pa.RecordBatch], writer_epoch: int, generation: int) -> memoryview:
-    """Serialize data batches (already in WAL schema) as one WAL entry: a view of the Arrow buffer
-    (copying it into `bytes` would cost more than encoding it)."""
+    """Serialize data batches (already in WAL schema) as one WAL entry, an Arrow IPC stream (a
+    zero-copy view of the encoded bytes).
+
+    Without dictionary columns the stream is assembled from the schema message and each batch's
+    message (what `ipc.new_stream` writes, byte for byte, at a third of its cost on small puts);
+    with them, the stream writer adds the dictionary messages."""
     if not batches:
         raise ValueError("a data WAL entry needs at least one batch")
     schema = batches[0].schema.with_metadata(
         {GENERATION_KEY: str(generation).encode(), EPOCH_KEY: str(writer_epoch).encode()}
     )
+    if not any(_has_dictionary(f.type) for f in schema):
+        return memoryview(b"".join([schema.serialize(), *(b.serialize() for b in batches), _EOS]))
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, schema) as w:
         for b in batches:

@@ -12,6 +12,7 @@ no cross-region atomicity); `close()` flushes and closes every region writer, re
 
 from __future__ import annotations
 
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,8 @@ _MAX_PARALLEL_REGIONS = 8
 
 
 class TableWriter:
-    """Writes to every region of a table through per-region writers."""
+    """Writes to every region of a table through per-region writers. Thread-safe: concurrent durable
+    writes of one region share WAL entries (group commit, `RegionWriter`)."""
 
     def __init__(self, table: Table, config: WriterConfig) -> None:
         if table.spec is None:
@@ -45,6 +47,7 @@ class TableWriter:
         self.writers: dict[uuid.UUID, RegionWriter] = {}
         self._by_values: dict[tuple[Any, ...], RegionWriter] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # guards opening region writers and the pool
         self._closed = False
 
     def put(self, data: Any) -> None:
@@ -87,15 +90,18 @@ class TableWriter:
                 fn(*args)
 
     def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
-        """Run the calls (one per region) concurrently; raise the first error after all finished."""
-        if len(calls) == 1:
-            fn, args = calls[0]
-            fn(*args)
+        """Run the calls (one per region) concurrently, the first in this thread; raise the first
+        error after all finished."""
+        if not calls:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(_MAX_PARALLEL_REGIONS, thread_name_prefix="memwal-route")
-        futures = [self._pool.submit(fn, *args) for fn, args in calls]
-        errors = [e for f in futures if (e := f.exception()) is not None]
+        futures = [self._region_pool().submit(fn, *args) for fn, args in calls[1:]]
+        errors = []
+        fn, args = calls[0]
+        try:
+            fn(*args)
+        except Exception as e:  # reported once the other regions' calls are done too
+            errors.append(e)
+        errors += [e for f in futures if (e := f.exception()) is not None]
         if errors:
             raise errors[0]
 
@@ -116,10 +122,17 @@ class TableWriter:
             w.abort()
         self._shutdown_pool()
 
+    def _region_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_MAX_PARALLEL_REGIONS, thread_name_prefix="memwal-route")
+            return self._pool
+
     def _shutdown_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def __enter__(self) -> TableWriter:
         return self
@@ -133,8 +146,11 @@ class TableWriter:
     def _writer(self, values: tuple[Any, ...]) -> RegionWriter:
         w = self._by_values.get(values)
         if w is None:
-            w = self.table.routed_writer(values, self.config)
-            self.writers[w.region_id] = self._by_values[values] = w
+            with self._lock:  # one writer per region: a second claim would fence the first
+                w = self._by_values.get(values)
+                if w is None:
+                    w = self.table.routed_writer(values, self.config)
+                    self.writers[w.region_id] = self._by_values[values] = w
         return w
 
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:

@@ -57,6 +57,7 @@ from memwal_df.errors import (
     StorageError,
     WriterFencedError,
 )
+from memwal_df.manifest import RegionManifestStore
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
 KEYS = 30
@@ -213,6 +214,80 @@ def test_flush_reports_only_failures_it_waited_for(tmp_path):
     writer.close()
     got = stored_rows(mw.open_table(str(tmp_path / "t")))
     assert {k: r["v"] for k, r in got.items()} == {0: "a", 1: "a", 2: "a", 5: "b"}
+
+
+def test_pipelined_flush_commits_in_generation_order(tmp_path):
+    """Generations 1 and 2 are written at the same time. Generation 1's write fails (its bloom filter
+    is refused), and its retry stalls; generation 2 is complete meanwhile, yet it waits: no manifest
+    version lists a generation without every older one, and `replay_after_wal_entry_position` only
+    moves forward, one committed generation at a time."""
+    table = new_table(str(tmp_path / "t"), None)
+    calls: list[tuple[str, str]] = []
+
+    def log(op: str, path: str) -> bool:
+        calls.append((op, path))
+        return False  # no random faults: only the forced ones
+
+    plan = FaultPlan(match=log, delay_s=0.5)
+    with_faults(table, plan)
+    rid = uuid.uuid4()
+    writer = table.region_writer(rid, durable=True, max_memtable_rows=2, max_flush_retries=1)
+    gen1_bloom = lambda op, path: op == "put" and path.endswith("_gen_1/bloom_filter.bin")  # noqa: E731
+    plan.force("fail", gen1_bloom)  # generation 1's first write fails
+    plan.force("delay", gen1_bloom)  # and its retry is slow
+    writer.put(pa.Table.from_pylist([{"id": k, "v": f"a{k}"} for k in range(4)], schema=SCHEMA))  # 2 seals
+    deadline = time.monotonic() + 30
+    while writer.stats()["generations"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    writer.close()
+    assert plan.injected == Counter({"fail": 1, "delay": 1})
+
+    synced = [p.rsplit("_gen_", 1)[1] for op, p in calls if op == "sync_tree" and "_gen_" in p]
+    assert synced == ["2", "1"], "generation 2 was not written while generation 1 was retried"
+    history = list(RegionManifestStore(table.storage, rid).history())
+    listed = [[s.generation for s in m.sstables] for m in history]
+    assert [g for g in listed if g] == [[1], [1, 2]], listed
+    # the claim, then each generation with its own WAL entry (one per 2-row chunk of the put)
+    assert [m.replay_after_wal_entry_position for m in history] == [0, 1, 2]
+    got = stored_rows(mw.open_table(str(tmp_path / "t")))
+    assert {k: r["v"] for k, r in got.items()} == {k: f"a{k}" for k in range(4)}
+
+
+def test_concurrent_durable_puts_share_wal_entries(tmp_path):
+    """Group commit: durable puts of one region that arrive while a WAL append is in flight (here
+    stalled) go into the next entry together. Each put returns only once its rows are in a stored
+    entry, every row is in exactly one entry, and a put alone still gets an entry of its own."""
+    table = new_table(str(tmp_path / "t"), None)
+    plan = FaultPlan(delay_s=0.5)
+    with_faults(table, plan)
+    rid = uuid.uuid4()
+    writer = table.region_writer(rid, durable=True)
+    writer.put(pa.Table.from_pylist([{"id": 0, "v": "alone"}], schema=SCHEMA))
+    plan.force("delay", lambda op, path: op == "create" and f"/{layout.WAL_DIR}/" in path)
+    n = 4
+    barrier = threading.Barrier(n)
+    stored_when_returned: dict[int, bool] = {}
+
+    def put(t: int) -> None:
+        barrier.wait()
+        writer.put(pa.Table.from_pylist([{"id": 100 + t, "v": f"t{t}"}], schema=SCHEMA))
+        in_wal = {r["id"] for rec in wal_records(table, rid) for r in rec.rows}
+        stored_when_returned[t] = 100 + t in in_wal
+
+    threads = [threading.Thread(target=put, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert plan.injected["delay"] == 1
+    assert stored_when_returned == dict.fromkeys(range(n), True)
+    entries = [rec for rec in wal_records(table, rid) if not rec.sentinel]
+    assert sorted(r["id"] for rec in entries for r in rec.rows) == [0, *range(100, 100 + n)]
+    # the first put alone; the put whose append stalled; the other three together, one batch each
+    assert [rec.batches for rec in entries] == [1, 1, n - 1]
+    writer.close()
+    got = stored_rows(mw.open_table(str(tmp_path / "t")))
+    assert {k: r["v"] for k, r in got.items()} == {0: "alone", **{100 + t: f"t{t}" for t in range(n)}}
 
 
 # ---------------------------------------------------------------------------------------------------

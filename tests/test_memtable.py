@@ -16,7 +16,7 @@ from memwal_df import layout
 from memwal_df.bloom import BloomFilter
 from memwal_df.errors import MissingGenerationError
 from memwal_df.generation import open_generation, primary_key_bytes, write_generation
-from memwal_df.memtable import MemTable, key_list
+from memwal_df.memtable import MemTable
 from memwal_df.storage import open_storage
 from memwal_df.wal import TOMBSTONE, wal_schema
 
@@ -178,12 +178,6 @@ def test_no_duplicates_keeps_every_row_in_order() -> None:
     mt.append(b2)
     assert mt.newest().equals(pa.Table.from_batches([b1, b2]))
     assert mt.nbytes == b1.nbytes + b2.nbytes
-
-
-def test_key_list() -> None:
-    assert key_list([pa.array([1, 2, 1])]) == [1, 2, 1]
-    assert key_list([pa.chunked_array([["a"], ["b"]])]) == ["a", "b"]
-    assert key_list([pa.array(["a", "b"]), pa.array([1, 2], pa.int32())]) == [("a", 1), ("b", 2)]
 
 
 # ------------------------------------------------------------------ flushing a MemTable

@@ -125,15 +125,46 @@ def test_fenced_writer_fails_and_new_writer_keeps_its_entries(table):
     assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([1, 2]), rows([4]))
 
 
+def _wait_for_entry(wal: Wal, position: int, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while (entry := wal.read(position)) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return entry
+
+
 def test_non_durable_writes_batch_into_multi_batch_entries(table):
     rid = uuid.uuid4()
-    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
+    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000, max_wal_buffer_batches=5)
     for i in range(5):
         w.put(rows([10 + i]))
-    w.flush()
-    entry = Wal(table.storage, rid).read(1)
+    entry = _wait_for_entry(Wal(table.storage, rid), 1)  # the 5th write filled the buffer
     assert len(entry.batches) == 5 and entry.generation == 1
     w.close()
+
+
+def test_sealed_non_durable_writes_are_made_durable_by_their_generation(table):
+    """Writes still buffered when their MemTable is sealed get no WAL entry: the generation holds them.
+    A newer WAL entry waits for that generation's commit (here stalled), so that a crash can never
+    keep newer writes and lose older ones."""
+    from faulty_storage import FaultPlan, FaultyStorage
+
+    plan = FaultPlan(delay_s=0.5)
+    table.storage = FaultyStorage(table.storage, plan)
+    rid = uuid.uuid4()
+    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=10, max_memtable_rows=4)
+    wal, store = Wal(table.storage, rid), RegionManifestStore(table.storage, rid)
+    plan.force("delay", lambda op, path: op == "put" and path.endswith("_gen_1/bloom_filter.bin"))
+    w.put(rows([1, 2, 3, 4]))  # seals generation 1 before its WAL entry was due
+    w.put(rows([5], "b"))  # due after 10 ms, but generation 1 is not committed for 0.5 s
+    time.sleep(0.2)
+    assert wal.read(1) is None and not store.latest().sstables
+    entry = _wait_for_entry(wal, 1)
+    assert [r["id"] for b in entry.batches for r in b.to_pylist()] == [5]
+    assert [s.generation for s in store.latest().sstables] == [1]  # committed before the entry
+    assert plan.injected["delay"] == 1
+    w.abort()  # a crash: generation 1 and the WAL entry after it are all there is
+    assert table.recover() == [rid]  # replays entry 1 into generation 2
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([1, 2, 3, 4]), rows([5], "b"))
 
 
 def test_non_durable_writes_are_lost_on_crash_before_the_interval(table):
