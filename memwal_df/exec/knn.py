@@ -162,8 +162,11 @@ class BruteForceKnnExec(RankedExec):
         filter: pc.Expression | None,
         schema: pa.Schema,
         primary_key: Sequence[str],
+        merged: bool = False,
     ) -> None:
+        """`merged`: the level is a catch-up plan's gap generation (said in `explain`)."""
         self.level = level
+        self.merged = merged
         self.primary_key = list(primary_key)
         self.score = DISTANCE
         self.column = column
@@ -176,8 +179,9 @@ class BruteForceKnnExec(RankedExec):
 
     def describe(self) -> str:
         f = "" if self.filter is None else f", filter={self.filter}"
+        merged = "merged " if self.merged else ""
         return (
-            f"BruteForceKnnExec: {self.level.kind} {self.level.generation} of region "
+            f"BruteForceKnnExec: {merged}{self.level.kind} {self.level.generation} of region "
             f"{short_id(self.level.region_id)}, column={self.column}, metric={self.metric}{f}"
         )
 
@@ -236,10 +240,18 @@ class LanceKnnExec(RankedExec):
         nprobes: int | None = None,
         refine_factor: int | None = None,
         label: str | None = None,
+        *,
+        catchup: str | None = None,
+        indexed_only: bool = False,
     ) -> None:
-        """`label` names a generation (`base` is then its dataset, whose tombstones are skipped)."""
+        """`label` names a generation (`base` is then its dataset, whose tombstones are skipped);
+        `indexed_only`: search only the fragments the vector index covers (Lance's `fast_search`;
+        a catch-up plan's gap generations stand in for the others), `catchup` says why, for
+        `explain`."""
         self.base = base
         self.label = label
+        self.catchup = catchup
+        self.indexed_only = indexed_only
         self.score = DISTANCE
         self.column = column
         self.query = query
@@ -258,6 +270,8 @@ class LanceKnnExec(RankedExec):
             f"LanceKnnExec: {self.label or 'base'} v{self.base.version}, column={self.column}, "
             f"metric={self.metric}, "
             f"nprobes={self.nprobes}, refine_factor={self.refine_factor}{f}"
+            + (", indexed fragments only" if self.indexed_only else "")
+            + (f", catch-up: {self.catchup}" if self.catchup else "")
         )
 
     def top(self, n: int) -> pa.Table:
@@ -275,7 +289,13 @@ class LanceKnnExec(RankedExec):
                 nearest["nprobes"] = self.nprobes
             if self.refine_factor is not None:
                 nearest["refine_factor"] = self.refine_factor
-            rows = self.base.to_table(columns=columns, nearest=nearest, filter=sql, prefilter=sql is not None)
+            rows = self.base.to_table(
+                columns=columns,
+                nearest=nearest,
+                filter=sql,
+                prefilter=sql is not None,
+                fast_search=self.indexed_only,
+            )
             self._last = rows.select(columns).cast(self.schema)
             return self._last.append_column(POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
 
