@@ -104,12 +104,16 @@ class _Proof:
 _FACTS = ImmutableCache(8192)
 
 
-def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str]) -> Coverage | None:
+def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str], vector: bool = False) -> Coverage | None:
     """The base read for a scan filtered on `columns` (its top-level predicates): a catch-up plan
     when a scalar index on one of them is behind and the plan is provably exact, else the plain plan
-    with the reason (None when no scalar index on those columns exists)."""
+    with the reason (None when no scalar index on those columns exists).
+
+    `vector`: the same for a vector search on `columns` through the base's vector index. Its gap
+    generations need no index of their own (a search reads them through their vector index or
+    exactly, never more than the fragments they stand in for)."""
     wanted = set(columns)
-    indexes = [i for i in _scalar_indexes(snapshot.base) if i.column in wanted]
+    indexes = [i for i in _indexes(snapshot.base, vector) if i.column in wanted]
     if not indexes:
         return None
     fragments = {f.fragment_id: f for f in snapshot.base.get_fragments()}
@@ -129,7 +133,7 @@ def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str]) -> Coverage |
         if (missing := _missing(gap, proof.gap)) is not None:  # collected since the proof was cached
             notes.append(f"{index.name} does not cover fragments {id_ranges(unindexed)} ({missing})")
             continue
-        if (plain := _unindexed(gap, index.column)) is not None:
+        if not vector and (plain := _unindexed(gap, index.column)) is not None:
             notes.append(f"{index.name} does not cover fragments {id_ranges(unindexed)} ({plain})")
             continue
         scanned = sorted(set(fragments) & index.covered)
@@ -138,11 +142,13 @@ def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str]) -> Coverage |
     return Coverage(None, "; ".join(notes) + ": plain plan")
 
 
-def _scalar_indexes(base: lance.LanceDataset) -> list[_Index]:
-    """The base's scalar indexes on one column, by name (all segments of an index together)."""
+def _indexes(base: lance.LanceDataset, vector: bool) -> list[_Index]:
+    """The base's scalar (or vector) indexes on one column, by name (all segments of an index
+    together)."""
     out = []
     for d in sorted(base.describe_indices(), key=lambda d: d.name):
-        if d.index_type not in SCALAR_INDEX_TYPES or len(d.field_names) != 1 or not d.segments:
+        kind_fits = ("VectorIndexDetails" in d.type_url) if vector else d.index_type in SCALAR_INDEX_TYPES
+        if not kind_fits or len(d.field_names) != 1 or not d.segments:
             continue
         covered = frozenset(int(f) for s in d.segments for f in s.fragment_ids)
         built = max(int(s.dataset_version_at_last_update) for s in d.segments)

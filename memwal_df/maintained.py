@@ -106,6 +106,8 @@ def _resolve(d: Any, storage: Storage, index_uuid: str | None) -> MaintainedInde
         if d.index_type not in _VECTOR_TYPES or index_uuid is None:
             return None
         root = f"_indices/{index_uuid}"
+        if "index.idx" not in storage.list_dir(root):  # Lance 14 writes no files for a tiny table
+            return None
         centroids = _ivf_centroids(_global_buffer(storage, f"{root}/index.idx", 1))
         codebook = None
         if d.index_type == "IVF_PQ":

@@ -24,6 +24,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df.catchup import index_coverage
 from memwal_df.errors import InvalidConfigError
 from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec.base import ExecNode, short_id
@@ -131,7 +132,7 @@ class _Setup:
 def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
     flt = options.filter_expression()
     snapshot = take_snapshot(table.table, table.consistency, table.writer)  # type: ignore[arg-type]
-    regions = [r for r in prune_regions(snapshot, table.table.specs, column_predicates(flt)) if r.levels]
+    regions = list(prune_regions(snapshot, table.table.specs, column_predicates(flt)))
     return _Setup(snapshot, regions, flt)
 
 
@@ -169,7 +170,10 @@ def plan_vector_search(
     Exact on every level but the base and the generations of at least `indexed_generation_rows`
     rows that have the maintained vector index, whose candidates are Lance's (IVF with `nprobes`);
     with an index the distances are refined (`refine_factor`, default 1) so that distances are
-    exact and comparable across levels."""
+    exact and comparable across levels. When the base index is behind on catch-up and
+    `memwal_df.catchup` proves the plan exact, the base is searched over the fragments its index
+    covers only and the gap generations (merged since the index was built) stand in for the others,
+    searched like unmerged generations."""
     opts = SearchOptions.parse(options, "vector_search", VECTOR_OPTIONS)
     k = _check_k(k, "vector_search")
     schema = table.schema
@@ -179,21 +183,31 @@ def plan_vector_search(
     index = _index_details(base, column, "vector")
     metric = (opts.metric or (index or {}).get("metric_type") or "l2").lower()
     refine = opts.refine_factor if opts.refine_factor is not None else (1 if index else None)
+    coverage = index_coverage(s.snapshot, [column], vector=True) if index else None
+    gap = coverage.plan.gap if coverage is not None and coverage.plan is not None else {}
+
+    def level_knn(level: Level, merged: bool) -> RankedExec:
+        ds = _indexed_generation(level, column, metric, indexed_generation_rows)
+        if ds is None:
+            return BruteForceKnnExec(level, column, q, metric, k, s.filter, schema, s.primary_key, merged)
+        where = f"generation {level.generation} of region {short_id(level.region_id)}"
+        where = f"merged {where}" if merged else where
+        return LanceKnnExec(ds, column, q, metric, k, s.filter, schema, opts.nprobes, refine or 1, where)
+
     arms: list[RankedExec] = []
     if base.get_fragments():
-        arm = LanceKnnExec(base, column, q, metric, k, s.filter, schema, opts.nprobes, refine)
+        arm = LanceKnnExec(
+            base, column, q, metric, k, s.filter, schema, opts.nprobes, refine,
+            catchup=coverage.note if coverage is not None else None, indexed_only=bool(gap),
+        )  # fmt: skip
         arms.append(_stale_filtered(arm, s.newer(s.every_level)))
     for region in s.regions:
-        for i, level in enumerate(region.levels):
-            ds = _indexed_generation(level, column, metric, indexed_generation_rows)
-            knn: RankedExec
-            if ds is None:
-                knn = BruteForceKnnExec(level, column, q, metric, k, s.filter, schema, s.primary_key)
-            else:
-                where = f"generation {level.generation} of region {short_id(level.region_id)}"
-                nprobes, refine_gen = opts.nprobes, refine or 1
-                knn = LanceKnnExec(ds, column, q, metric, k, s.filter, schema, nprobes, refine_gen, where)
-            arms.append(_stale_filtered(knn, s.newer(region.levels[:i])))
+        # Newest first: the region's unmerged levels, then its gap generations (merged, not indexed).
+        levels = region.levels + gap.get(region.region_id, [])
+        arms.extend(
+            _stale_filtered(level_knn(lv, i >= len(region.levels)), s.newer(levels[:i]))
+            for i, lv in enumerate(levels)
+        )
     return TopKExec(arms, k, DISTANCE, schema.append(pa.field(DISTANCE, pa.float32())))
 
 

@@ -89,6 +89,21 @@ def test_maintained_indexes_resolve_every_base_index(tmp_path: Path) -> None:
     lsm.close()
 
 
+def test_vector_index_without_files_is_not_maintained(tmp_path: Path) -> None:
+    """Lance 14 commits an IVF_PQ index on a table too small to train PQ (200 rows) without writing
+    any file: a writer then opens (the index is not maintained) and searches stay exact."""
+    lsm = SearchLsm(str(tmp_path / "t"), list(range(200)))
+    lance.dataset(lsm.uri).create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
+    lsm.table.refresh()
+    assert [i.name for i in lsm.table.maintained_indexes()] == []
+    lsm.put([3, 150, 201], seed=5)  # a new region writer resolves the maintained indexes
+    truth = lsm.rows()
+    q = np.ones(DIM, np.float32).tolist()
+    got = plan_vector_search(lsm.reader(), "vec", q, 10).to_table()
+    assert got.column("id").to_pylist() == [key for key, _ in nearest(truth, q, 10)]
+    lsm.close()
+
+
 def test_unsupported_vector_index_is_not_maintained(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     mw.create_table(uri, make_rows(list(range(300)), 0), primary_key="id", region_spec=mw.bucket("id", 2))
