@@ -123,11 +123,11 @@ def inject(point, k):
         put = cls.put
 
         def put_(self, path, data, _put=put):
-            if point == "gen_after_lance" and path.endswith("/bloom_filter.bin"):
-                hit()
             if point == "gen_after_manifest" and path.endswith("/version_hint.json"):
                 hit()
             _put(self, path, data)
+            if point == "gen_after_bloom" and path.endswith("/bloom_filter.bin"):
+                hit()
             if point == "gen_after_hint" and path.endswith("/version_hint.json"):
                 hit()
 
@@ -139,13 +139,29 @@ def inject(point, k):
     write_pk_index = generation.write_pk_index
 
     def write_pk_index_(*a, **kw):
-        if point == "gen_after_bloom":
-            hit()
         write_pk_index(*a, **kw)
         if point == "gen_after_pk_index":
             hit()
 
     generation.write_pk_index = write_pk_index_
+    write_dataset = generation.lance.write_dataset  # the child writes datasets only in its flushes
+
+    def write_dataset_(*a, **kw):
+        result = write_dataset(*a, **kw)
+        if point == "gen_after_lance":
+            hit()
+        return result
+
+    generation.lance.write_dataset = write_dataset_
+    for cls in (storage.LocalStorage, storage.ObjectStorage):
+        sync_tree = cls.sync_tree
+
+        def sync_tree_(self, path, _sync=sync_tree):
+            if point == "gen_before_sync":
+                hit()
+            return _sync(self, path)
+
+        cls.sync_tree = sync_tree_
     if point == "wal_temp_written":  # LocalStorage: temp file written and synced, not yet linked
         link = os.link
 
@@ -422,10 +438,13 @@ def cycle_ops(cycle: int) -> list[dict[str, Any]]:
 # A crash at every step of a MemTable flush
 # ---------------------------------------------------------------------------------------------------
 
+# The Lance data, the bloom filter and the pk index are written concurrently (any order); all of
+# them are synced before the manifest names the generation.
 FLUSH_POINTS = [
     "gen_after_lance",
     "gen_after_bloom",
     "gen_after_pk_index",
+    "gen_before_sync",
     "gen_after_manifest",
     "gen_after_hint",
 ]
@@ -472,9 +491,15 @@ def test_crash_during_memtable_flush(request, tmp_path, spawn, kind, point, k):
         (orphan,) = found.orphans
         assert layout.parse_generation_dir_name(orphan)[1] == k
         rel = layout.generation_path(rid, orphan)
-        assert table.storage.list(f"{rel}/_versions"), "the Lance table was written"
-        assert table.storage.exists(f"{rel}/{layout.BLOOM_FILTER_FILE}") == (point != "gen_after_lance")
-        assert bool(table.storage.list(f"{rel}/{layout.PK_INDEX_DIR}")) == (point == "gen_after_pk_index")
+        written = {  # what must be in the directory at each point (the rest may be, in any order)
+            "gen_after_lance": {"lance"},
+            "gen_after_bloom": {"bloom"},
+            "gen_after_pk_index": {"pk"},
+            "gen_before_sync": {"lance", "bloom", "pk"},
+        }[point]
+        assert "lance" not in written or table.storage.list(f"{rel}/_versions"), "Lance data written"
+        assert "bloom" not in written or table.storage.exists(f"{rel}/{layout.BLOOM_FILTER_FILE}")
+        assert "pk" not in written or table.storage.list(f"{rel}/{layout.PK_INDEX_DIR}")
 
     assert table.recover() == ([] if committed else [rid])
     assert stored_rows(table) == model.rows
