@@ -3,6 +3,7 @@ without a base index, recall and freshness with one, filters, MemTable-only tabl
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, neare
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
 from memwal_df.exec.filter_stale import NewerLevels, level_key_set
+from memwal_df.exec.ranked import POSITION, RankedExec, TopKExec
 from memwal_df.search import plan_vector_search
 from memwal_df.snapshot import take_snapshot
 
@@ -214,3 +216,38 @@ def test_string_keys(tmp_path: Path) -> None:
     for q in QUERIES:
         assert_exact(search(lsm, q, 10), truth, nearest(truth, q, 10))
     lsm.close()
+
+
+class _Arm(RankedExec):
+    """A ranked arm over fixed scores; `native` ones run on the pool thread, and may fail."""
+
+    def __init__(self, scores: list[float], native: bool, fail: bool = False) -> None:
+        self.scores, self.native, self.fail, self.k = scores, native, fail, 2
+        self.score, self.schema = "_distance", None
+        self.thread: str | None = None
+
+    def describe(self) -> str:
+        return "_Arm"
+
+    def top(self, n: int) -> pa.Table:
+        self.thread = threading.current_thread().name
+        if self.fail:
+            raise OSError("the base search failed")
+        best = sorted(range(len(self.scores)), key=self.scores.__getitem__)[:n]
+        return pa.table({POSITION: pa.array(best, pa.int64()), "_distance": [self.scores[i] for i in best]})
+
+    def rows(self, positions: np.ndarray) -> pa.Table:
+        return pa.table({"id": pa.array([int(10 * s) for s in np.take(self.scores, positions)], pa.int64())})
+
+
+def test_topk_overlaps_native_arms_and_keeps_arm_order() -> None:
+    """A native arm runs on a pool thread meanwhile; the result equals the serial one (ties by arm)."""
+    schema = pa.schema([("id", pa.int64()), ("_distance", pa.float32())])
+    base, gen = _Arm([0.3, 0.1, 0.9], native=True), _Arm([0.1, 0.2], native=False)
+    out = TopKExec([base, gen], 3, "_distance", schema).to_table()
+    assert out.column("id").to_pylist() == [1, 1, 2]
+    assert out.column("_distance").to_pylist() == pytest.approx([0.1, 0.1, 0.2])
+    assert base.thread is not None and base.thread.startswith("memwal-ranked")
+    assert gen.thread == threading.current_thread().name
+    with pytest.raises(OSError, match="base search failed"):
+        TopKExec([_Arm([0.1], native=True, fail=True), gen], 3, "_distance", schema).to_table()

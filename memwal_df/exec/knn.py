@@ -228,6 +228,8 @@ class BruteForceKnnExec(RankedExec):
 class LanceKnnExec(RankedExec):
     """Lance's nearest rows of the base table (through its vector index when it has one)."""
 
+    native = True
+
     def __init__(
         self,
         base: lance.LanceDataset,

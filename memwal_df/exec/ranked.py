@@ -7,7 +7,9 @@ the table's columns of those candidates afterwards.
 
 `TopKExec` collects every arm's `top(k)`, orders all candidates by score (ties: arm order, then
 position), keeps `k`, and reads the winners' rows (one read per arm that has winners), so a search
-over many levels reads at most `k` rows.
+over many levels reads at most `k` rows. Arms whose search runs in Lance (`native`: native code that
+releases the GIL) run on a pool thread while the calling thread searches the other arms, so the base
+table's index search overlaps the in-memory levels' numpy work.
 
 Guarantees: TopKExec's output is at most `k` rows with the table's columns plus the score column,
 best first; every row is the row the arm ranked.
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import wait
 
 import numpy as np
 import pyarrow as pa
 
+from memwal_df._pools import shared_pool
 from memwal_df.exec.base import ExecNode
 
 __all__ = ["POSITION", "RankedExec", "TopKExec", "grow"]
@@ -34,6 +38,7 @@ class RankedExec(ExecNode):
     k: int
     score: str  # the score column
     descending: bool = False  # best = smallest score unless set
+    native: bool = False  # `top` spends its time in native code that releases the GIL (a Lance search)
 
     @abstractmethod
     def top(self, n: int) -> pa.Table:
@@ -83,7 +88,7 @@ class TopKExec(ExecNode):
     def execute(self) -> Iterator[pa.RecordBatch]:
         if self.k <= 0 or not self.arms:
             return
-        found = [arm.top(arm.k) for arm in self.arms]
+        found = _tops(self.arms)
         scores = np.concatenate([c.column(self.by).to_numpy() for c in found])
         arm_of = np.concatenate([np.full(c.num_rows, i) for i, c in enumerate(found)])
         pos = np.concatenate([c.column(POSITION).to_numpy() for c in found])
@@ -103,3 +108,28 @@ class TopKExec(ExecNode):
         rows = rows.take(pa.array(at))
         out = rows.append_column(self.by, pa.array(scores[best], self.schema.field(self.by).type))
         yield from out.cast(self.schema).combine_chunks().to_batches()
+
+
+_OVERLAP_THREADS = 4  # pool threads for native arms; more concurrent queries queue (no nesting)
+
+
+def _native(node: ExecNode) -> bool:
+    return bool(getattr(node, "native", False)) or any(_native(c) for c in node.children)
+
+
+def _tops(arms: Sequence[RankedExec]) -> list[pa.Table]:
+    """Every arm's `top(arm.k)`, in arm order: native arms on the pool, the rest here meanwhile."""
+    native = [i for i, arm in enumerate(arms) if _native(arm)]
+    if not native or len(arms) == 1:
+        return [arm.top(arm.k) for arm in arms]
+    pool = shared_pool("ranked", _OVERLAP_THREADS)
+    futures = {i: pool.submit(arms[i].top, arms[i].k) for i in native}
+    found: dict[int, pa.Table] = {}
+    try:
+        for i, arm in enumerate(arms):
+            if i not in futures:
+                found[i] = arm.top(arm.k)
+    finally:
+        wait(futures.values())  # never leave an arm running after an error here
+    found.update((i, f.result()) for i, f in futures.items())
+    return [found[i] for i in range(len(arms))]
