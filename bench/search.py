@@ -10,7 +10,10 @@ flushed into generations; then `--memtable-upserts` more that stay in the open w
 Measured over `--queries` queries, engines taking turns query by query in a random order (a drift in
 machine load then favours no engine), after `--warmup` queries per engine (the first memwal_df query
 builds per-process caches: the base's term index and each generation's vectors/keys; their cost is
-reported separately as "cold"):
+reported separately as "cold"), then again with each engine alone (one engine's queries in one
+block, then the next engine's): on 2 CPUs a query right after one of Lance's, whose runtime threads
+are still busy or have just parked, runs slower, so taking turns charges every engine part of the
+others' cost; alone is what a service that runs only that engine sees):
 
 * vector search, k = 10, `--nprobes`: memwal_df through its planner and through DataFusion SQL, over the
   durable levels (what Lance's planner sees) and with the writer's MemTables; Lance's
@@ -127,9 +130,10 @@ def brute_force(table: mw.MemWalTable, queries: np.ndarray) -> list[set[int]]:
 
 
 def run_turns(
-    fns: list[Callable[[int], pa.Table]], n: int, warmup: int
+    fns: list[Callable[[int], pa.Table]], n: int, warmup: int, alone: bool = False
 ) -> list[tuple[list[float], list[pa.Table]]]:
-    """Each fn on queries 0..n-1, engines in a new random order per query; (seconds, results) per fn."""
+    """Each fn on queries 0..n-1, engines in a new random order per query (or with `alone`, each
+    engine's queries in one block, one engine after the other); (seconds, results) per fn."""
     for i in range(warmup):
         for fn in fns:
             fn(n + i)
@@ -137,13 +141,20 @@ def run_turns(
     times: list[list[float]] = [[] for _ in fns]
     results: list[list[pa.Table]] = [[] for _ in fns]
     order = np.random.default_rng(5)
-    for q in range(n):
-        for i in order.permutation(len(fns)):
-            t0 = time.perf_counter()
-            r = fns[i](q)
-            times[i].append(time.perf_counter() - t0)
-            results[i].append(r)
+    if alone:
+        turns = [(q, i) for i in range(len(fns)) for q in range(n)]
+    else:
+        turns = [(q, int(i)) for q in range(n) for i in order.permutation(len(fns))]
+    for q, i in turns:
+        t0 = time.perf_counter()
+        r = fns[i](q)
+        times[i].append(time.perf_counter() - t0)
+        results[i].append(r)
     return list(zip(times, results, strict=True))
+
+
+MODES = {False: "engines taking turns", True: "each engine alone"}
+ALONE = {False: "", True: " (alone)"}  # the engine's name suffix in the JSON
 
 
 def pct(samples: list[float], p: float) -> float:
@@ -219,19 +230,21 @@ def main() -> None:
         ),
     ]
     truth = {"durable": brute_force(ours, qs[:n]), "all": brute_force(ours_w, qs[:n])}
-    print(f"\nvector search, k={K}, nprobes={args.nprobes}, {n} queries (engines taking turns):\n")
-    print("| engine | p50 ms | p99 ms | recall@10 |\n|---|---|---|---|")
     report: dict = {"vector_search": [], "fts": []}
-    for (name, _, which), (times, results) in zip(
-        vector_engines, run_turns([fn for _, fn, _ in vector_engines], n, warm), strict=True
-    ):
-        recall = np.mean(
-            [len(set(r.column("id").to_pylist()) & truth[which][q]) / K for q, r in enumerate(results)]
-        )
-        print(f"| {name} | {pct(times, 50):.2f} | {pct(times, 99):.2f} | {recall:.3f} |")
-        report["vector_search"].append(
-            {"engine": name, "p50_ms": pct(times, 50), "p99_ms": pct(times, 99), "recall": float(recall)}
-        )
+    for alone, mode in MODES.items():
+        print(f"\nvector search, k={K}, nprobes={args.nprobes}, {n} queries ({mode}):\n")
+        print("| engine | p50 ms | p99 ms | recall@10 |\n|---|---|---|---|")
+        for (name, _, which), (times, results) in zip(
+            vector_engines, run_turns([fn for _, fn, _ in vector_engines], n, warm, alone), strict=True
+        ):
+            recall = np.mean(
+                [len(set(r.column("id").to_pylist()) & truth[which][q]) / K for q, r in enumerate(results)]
+            )
+            print(f"| {name} | {pct(times, 50):.2f} | {pct(times, 99):.2f} | {recall:.3f} |")
+            report["vector_search"].append(
+                {"engine": name + ALONE[alone], "p50_ms": pct(times, 50), "p99_ms": pct(times, 99)}
+                | {"recall": float(recall)}
+            )
 
     fts_engines: list[tuple[str, Callable[[int], pa.Table]]] = [
         ("memwal_df plan", lambda i: plan_fts(ours, "text", texts[i], K).to_table()),
@@ -239,13 +252,16 @@ def main() -> None:
         ("memwal_df SQL +MemTables", lambda i: fts_sql("tw", i)),
         ("plain Lance full_text_query (base)", lambda i: base.to_table(full_text_query=texts[i], limit=K)),
     ]
-    print(f"\nfull-text search, k={K}, 1-3 words, {n} queries (engines taking turns):\n")
-    print("| engine | p50 ms | p99 ms |\n|---|---|---|")
-    for (name, _), (times, _r) in zip(
-        fts_engines, run_turns([fn for _, fn in fts_engines], n, warm), strict=True
-    ):
-        print(f"| {name} | {pct(times, 50):.2f} | {pct(times, 99):.2f} |")
-        report["fts"].append({"engine": name, "p50_ms": pct(times, 50), "p99_ms": pct(times, 99)})
+    for alone, mode in MODES.items():
+        print(f"\nfull-text search, k={K}, 1-3 words, {n} queries ({mode}):\n")
+        print("| engine | p50 ms | p99 ms |\n|---|---|---|")
+        for (name, _), (times, _r) in zip(
+            fts_engines, run_turns([fn for _, fn in fts_engines], n, warm, alone), strict=True
+        ):
+            print(f"| {name} | {pct(times, 50):.2f} | {pct(times, 99):.2f} |")
+            report["fts"].append(
+                {"engine": name + ALONE[alone], "p50_ms": pct(times, 50), "p99_ms": pct(times, 99)}
+            )
     n_rows = sum(b.num_rows for b in flushed)
     print(f"\nindexed-write throughput, {n_rows} upserts, all base indexes maintained:\n")
     print("| engine | rows/s (puts) | rows/s (puts + close) |\n|---|---|---|")
