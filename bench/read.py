@@ -202,46 +202,32 @@ def time_rounds(fns: Sequence[Callable[[], int]], repeat: int) -> list[tuple[lis
 
 
 def time_lookups(
-    fns: Sequence[Callable[[int], int]], keys: Sequence[int], warmup: Sequence[int]
+    fns: Sequence[Callable[[int], int]], keys: Sequence[int], warmup: Sequence[int], alone: bool = False
 ) -> list[tuple[list[float], int]]:
     """One timed lookup per key and fn, the fns taking turns key by key (after untimed lookups of the
     `warmup` keys), in a new random order for every key: a query runs slower right after another
     engine's (its threads parked, caches cold), which a fixed order, or a rotation of one, would
-    charge to the same engines every time. Per fn: its samples (s) and how many keys it found."""
-    for k in warmup:
-        for fn in fns:
-            fn(k)
-    gc.collect()
+    charge to the same engines every time. With `alone`, each fn's lookups in one block after its own
+    warm-up, one fn after the other: what a service that runs only that engine's lookups sees. Per
+    fn: its samples (s) and how many keys it found."""
+    rng = np.random.default_rng(3)
+    if alone:  # (untimed warm-up, timed lookups) per block; a lookup is (key, fn index)
+        blocks = [([(k, i) for k in warmup], [(k, i) for k in keys]) for i in range(len(fns))]
+    else:
+        warm = [(k, i) for k in warmup for i in range(len(fns))]
+        blocks = [(warm, [(k, int(i)) for k in keys for i in rng.permutation(len(fns))])]
     samples: list[list[float]] = [[] for _ in fns]
     found = [0] * len(fns)
-    rng = np.random.default_rng(3)
-    for k in keys:
-        for i in rng.permutation(len(fns)):
+    for warm, timed in blocks:
+        for k, i in warm:
+            fns[i](k)
+        gc.collect()
+        for k, i in timed:
             t0 = time.perf_counter()
             n = fns[i](k)
             samples[i].append(time.perf_counter() - t0)
             found[i] += n > 0
     return list(zip(samples, found, strict=True))
-
-
-def time_alone(
-    fns: Sequence[Callable[[int], int]], keys: Sequence[int], warmup: Sequence[int]
-) -> list[tuple[list[float], int]]:
-    """Each fn over all `keys` in one block (after its `warmup` keys), one fn after the other: what a
-    service that runs only that engine's lookups sees. Per fn: its samples (s) and keys found."""
-    out = []
-    for fn in fns:
-        for k in warmup:
-            fn(k)
-        gc.collect()
-        samples, found = [], 0
-        for k in keys:
-            t0 = time.perf_counter()
-            n = fn(k)
-            samples.append(time.perf_counter() - t0)
-            found += n > 0
-        out.append((samples, found))
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,7 +381,7 @@ def measure(b: Built, repeat: int, lookups: int, res: Results, scans: bool = Tru
             res.add(Result(lookup_op(kind), engine, samples, found, keys=len(keys), note=note))
         alone_runs = [(e, fn) for e, fn in lookup_runs if e in ALONE_ENGINES]
         for (engine, _), (samples, found) in zip(
-            alone_runs, time_alone([fn for _, fn in alone_runs], keys, warmup), strict=True
+            alone_runs, time_lookups([fn for _, fn in alone_runs], keys, warmup, alone=True), strict=True
         ):
             res.add(Result(lookup_op(kind, alone=True), engine, samples, found, keys=len(keys)))
 
