@@ -30,7 +30,14 @@ from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
 from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, GlobalBM25Exec
-from memwal_df.exec.knn import DISTANCE, METRICS, BruteForceKnnExec, LanceKnnExec, query_vector
+from memwal_df.exec.knn import (
+    DISTANCE,
+    METRICS,
+    BruteForceKnnExec,
+    LanceKnnExec,
+    ShadowedLevel,
+    query_vector,
+)
 from memwal_df.exec.ranked import RankedExec, TopKExec
 from memwal_df.planner import key_type, prune_regions
 from memwal_df.predicate import column_predicates
@@ -186,28 +193,42 @@ def plan_vector_search(
     coverage = index_coverage(s.snapshot, [column], vector=True) if index else None
     gap = coverage.plan.gap if coverage is not None and coverage.plan is not None else {}
 
-    def level_knn(level: Level, merged: bool) -> RankedExec:
-        ds = _indexed_generation(level, column, metric, indexed_generation_rows)
-        if ds is None:
-            return BruteForceKnnExec(level, column, q, metric, k, s.filter, schema, s.primary_key, merged)
+    def indexed_knn(level: Level, ds: lance.LanceDataset, merged: bool) -> RankedExec:
         where = f"generation {level.generation} of region {short_id(level.region_id)}"
         where = f"merged {where}" if merged else where
-        return LanceKnnExec(ds, column, q, metric, k, s.filter, schema, opts.nprobes, refine or 1, where)
+        return LanceKnnExec(
+            ds, column, q, metric, k, s.filter, schema, s.primary_key, opts.nprobes, refine or 1, where
+        )
+
+    def brute_force(levels: list[ShadowedLevel]) -> BruteForceKnnExec:
+        return BruteForceKnnExec(levels, column, q, metric, k, s.filter, schema, s.primary_key)
 
     arms: list[RankedExec] = []
     if base.get_fragments():
         arm = LanceKnnExec(
-            base, column, q, metric, k, s.filter, schema, opts.nprobes, refine,
+            base, column, q, metric, k, s.filter, schema, s.primary_key, opts.nprobes, refine,
             catchup=coverage.note if coverage is not None else None, indexed_only=bool(gap),
         )  # fmt: skip
         arms.append(_stale_filtered(arm, s.newer(s.every_level)))
+    # The generations searched by brute force, of every region read, as one arm: the rows a newer
+    # generation of the region replaces are masked, the MemTables are checked by FilterStaleExec.
+    generations: list[ShadowedLevel] = []
+    memtables: list[Level] = []
     for region in s.regions:
         # Newest first: the region's unmerged levels, then its gap generations (merged, not indexed).
         levels = region.levels + gap.get(region.region_id, [])
-        arms.extend(
-            _stale_filtered(level_knn(lv, i >= len(region.levels)), s.newer(levels[:i]))
-            for i, lv in enumerate(levels)
-        )
+        for i, lv in enumerate(levels):
+            merged = i >= len(region.levels)
+            if lv.kind == "memtable":
+                memtables.append(lv)
+                arms.append(_stale_filtered(brute_force([ShadowedLevel(lv)]), s.newer(levels[:i])))
+            elif (ds := _indexed_generation(lv, column, metric, indexed_generation_rows)) is not None:
+                arms.append(_stale_filtered(indexed_knn(lv, ds, merged), s.newer(levels[:i])))
+            else:
+                newer = [g for g in levels[:i] if g.kind == "generation"]
+                generations.append(ShadowedLevel(lv, s.newer(newer), merged))
+    if generations:
+        arms.append(_stale_filtered(brute_force(generations), s.newer(memtables)))
     return TopKExec(arms, k, DISTANCE, schema.append(pa.field(DISTANCE, pa.float32())))
 
 

@@ -28,6 +28,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import lance
@@ -175,7 +176,7 @@ class Level:
     def name(self) -> str:
         return f"{self.kind} {self.generation} of region {self.region_id}"
 
-    @property
+    @cached_property
     def uri(self) -> str:
         return self.storage.child_uri(self.path or "")
 

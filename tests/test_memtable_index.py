@@ -237,7 +237,8 @@ def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path, metric: str
         # Lance's own searches use them: exact-enough nearest (refined), and full-text.
         rows = ds.to_table(filter=f"NOT {TOMBSTONE}")
         q = np.asarray(rows["vec"][0].as_py(), np.float32)
-        nearest_row = {"column": "vec", "q": q, "k": 1, "nprobes": 4, "refine_factor": 1, "metric": metric}
+        # refine over 20 PQ candidates: PQ alone may rank another row first (the test was flaky with 1)
+        nearest_row = {"column": "vec", "q": q, "k": 1, "nprobes": 4, "refine_factor": 20, "metric": metric}
         hit = ds.to_table(nearest=nearest_row)
         assert hit["id"][0].as_py() == rows["id"][0].as_py()
         word = rows["text"][0].as_py().split()[0]

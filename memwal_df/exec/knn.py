@@ -3,9 +3,11 @@
 Distances are Lance's: `l2` is the squared Euclidean distance, `cosine` is 1 - cos(angle), `dot` is
 1 - x.q. Rows with a NULL vector and tombstones are never candidates.
 
-* `BruteForceKnnExec` (a generation or an unflushed MemTable): exact distances to every row that
-  matches the filter, computed with numpy over the level's vectors (a generation's are read once per
-  process). `top(n)` is exactly the level's `n` nearest matching rows.
+* `BruteForceKnnExec` (generations and unflushed MemTables, any number of them as one search): exact
+  distances to every row that matches the filter, computed with numpy over the levels' vectors (a
+  generation's are read once per process), with the rows that a newer generation replaces masked
+  (once per process: generations never change). `top(n)` is exactly the `n` nearest matching,
+  unmasked rows of all its levels.
 * `LanceKnnExec` (the base table, or a large generation through its maintained index): Lance's
   `nearest` with `nprobes` / `refine_factor`, the filter's Lance part as a prefilter (applied exactly
   before the search; for a generation with `NOT _tombstone`) and the rest applied to the results
@@ -15,7 +17,8 @@ Distances are Lance's: `l2` is the squared Euclidean distance, `cosine` is 1 - c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -27,15 +30,27 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import InvalidConfigError
 from memwal_df.exec._levels import filter_mask, level_cached, read_level, take_rows
+from memwal_df.exec._sq8 import Quantized, Sq8Scores
 from memwal_df.exec.base import short_id
+from memwal_df.exec.filter_stale import NewerLevels
 from memwal_df.exec.ranked import POSITION, RankedExec, grow
-from memwal_df.predicate import split_for_lance
+from memwal_df.exec.take_last import take_addresses
+from memwal_df.predicate import referenced_columns, split_for_lance
 from memwal_df.snapshot import Level
 from memwal_df.wal import TOMBSTONE
 
-__all__ = ["DISTANCE", "METRICS", "BruteForceKnnExec", "LanceKnnExec", "distances", "query_vector"]
+__all__ = [
+    "DISTANCE",
+    "METRICS",
+    "BruteForceKnnExec",
+    "LanceKnnExec",
+    "ShadowedLevel",
+    "distances",
+    "query_vector",
+]
 
 DISTANCE = "_distance"
+_ROWADDR = "_rowaddr"
 METRICS = ("l2", "cosine", "dot")
 
 
@@ -59,14 +74,15 @@ def query_vector(schema: pa.Schema, column: str, query: Any) -> np.ndarray:
 _GEMV_ELEMENTS = 8192
 
 
-def _matvec(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
+def _matvec(matrix: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """matrix @ q as single-threaded BLAS gemvs over blocks of rows: 62 us per 16.7k x 64 float32
     against 146 us for `np.einsum`. One gemv over the whole matrix is multi-threaded in OpenBLAS, and
     its threads spin while Lance's threads hold the cores (measured 650 us per call with a Lance
     search running on another thread)."""
     rows = max(1, _GEMV_ELEMENTS // max(1, matrix.shape[1]))
     full = len(matrix) // rows * rows
-    out = np.empty(len(matrix), dtype=np.result_type(matrix, q))
+    if out is None:
+        out = np.empty(len(matrix), dtype=np.result_type(matrix, q))
     out[:full] = (matrix[:full].reshape(-1, rows, matrix.shape[1]) @ q).reshape(-1)
     out[full:] = matrix[full:] @ q
     return out
@@ -123,18 +139,20 @@ class LevelVectors:
             return cls(indexed.matrix, indexed.sqnorms, indexed.usable, keys)
         return cls(indexed.matrix[at], indexed.sqnorms[at], indexed.usable[at], keys)
 
-    def approximate(self, q: np.ndarray, metric: str) -> tuple[np.ndarray, float]:
-        """(each row's distance to `q` from one matrix-vector product, a bound on its error): for
-        `l2`, |x|^2 - 2 x.q + |q|^2 loses precision when x is near q; the other metrics are exact."""
+    def approximate(self, q: np.ndarray, metric: str, out: np.ndarray) -> float:
+        """Each row's distance to `q` from one matrix-vector product, into `out`; returns a bound on
+        its error: for `l2`, |x|^2 - 2 x.q + |q|^2 loses precision when x is near q; the other
+        metrics are exact."""
         if metric != "l2" or len(self.matrix) == 0:
-            return distances(self.matrix, q, metric), 0.0
+            out[:] = distances(self.matrix, q, metric)
+            return 0.0
         qq = float(q @ q)
-        approx = _matvec(self.matrix, q)
-        approx *= -2
-        approx += self.sqnorms
-        approx += np.float32(qq)
+        _matvec(self.matrix, q, out)
+        out *= -2
+        out += self.sqnorms
+        out += np.float32(qq)
         eps = float(np.finfo(np.float32).eps)
-        return approx, 4 * (self.matrix.shape[1] + 2) * eps * (self.max_sqnorm + qq)
+        return 4 * (self.matrix.shape[1] + 2) * eps * (self.max_sqnorm + qq)
 
     @cached_property
     def max_sqnorm(self) -> float:
@@ -149,12 +167,76 @@ def ranked_positions(scores: np.ndarray, n: int) -> np.ndarray:
     return np.argsort(scores, kind="stable")
 
 
+@dataclass(frozen=True)
+class ShadowedLevel:
+    """A level searched by brute force, the newer generations whose keys replace some of its rows (a
+    generation's rows are masked once per process and set of newer generations: both never change),
+    and whether it is a catch-up plan's gap generation (said in `explain`)."""
+
+    level: Level
+    newer: NewerLevels | None = None
+    merged: bool = False
+
+    def excluded(self, vectors: LevelVectors, column: str) -> np.ndarray:
+        """Bool per position: not a candidate (a tombstone, no vector in `column`, or a newer
+        generation holds its key); kept with the level (per process for a generation, per query for
+        a MemTable)."""
+        name = f"excluded:{column}"
+        if self.newer is None or not self.newer.levels:
+            return level_cached(self.level, name, lambda: ~vectors.usable)
+        assert all(lv.kind == "generation" for lv in self.newer.levels), "only generations are masked"
+        uris = "\n".join(lv.uri for lv in self.newer.levels)
+        name += f":{hashlib.sha256(uris.encode()).hexdigest()}:{','.join(self.newer.primary_key)}"
+        newer = self.newer
+        return level_cached(self.level, name, lambda: ~vectors.usable | newer.stale(vectors.keys))
+
+    def describe(self) -> str:
+        merged = "merged " if self.merged else ""
+        return f"{merged}{self.level.kind} {self.level.generation} of region {short_id(self.level.region_id)}"
+
+
+@dataclass(frozen=True)
+class _F32Scores:
+    """One query's approximate distances to a level's rows (inf for rows that are not candidates),
+    each within `bound` of the exact one."""
+
+    approx: np.ndarray
+    bound: float
+
+    def uppers(self, n: int) -> np.ndarray:
+        """Upper bounds of the distances of the min(n, candidates) rows with the smallest approximate
+        distances."""
+        best = np.partition(self.approx, n - 1)[:n] if n < len(self.approx) else self.approx
+        return best[np.isfinite(best)].astype(np.float64) + self.bound
+
+    def within(self, limit: float) -> np.ndarray:
+        """The rows whose distance may be at most `limit`."""
+        return np.flatnonzero(self.approx <= limit + self.bound)
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Every searched level's vectors and scores, where each level's positions start, and the number
+    of candidates."""
+
+    vectors: list[LevelVectors]
+    scores: list[_F32Scores | Sq8Scores]
+    offsets: np.ndarray  # the first position of each level, and the total
+    count: int
+
+    def level_of(self, positions: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, positions, side="right") - 1
+
+
 class BruteForceKnnExec(RankedExec):
-    """Exact nearest rows of one generation or MemTable."""
+    """Exact nearest live rows of some generations and MemTables, searched as one: each level's rows
+    that a newer generation replaces are masked before ranking (`ShadowedLevel`), so `top(n)` is
+    exactly the `n` nearest rows of the levels that match the filter and no masked row. Positions
+    count through the levels in their order."""
 
     def __init__(
         self,
-        level: Level,
+        levels: Sequence[ShadowedLevel],
         column: str,
         query: np.ndarray,
         metric: str,
@@ -162,11 +244,8 @@ class BruteForceKnnExec(RankedExec):
         filter: pc.Expression | None,
         schema: pa.Schema,
         primary_key: Sequence[str],
-        merged: bool = False,
     ) -> None:
-        """`merged`: the level is a catch-up plan's gap generation (said in `explain`)."""
-        self.level = level
-        self.merged = merged
+        self.levels = list(levels)
         self.primary_key = list(primary_key)
         self.score = DISTANCE
         self.column = column
@@ -175,54 +254,94 @@ class BruteForceKnnExec(RankedExec):
         self.k = k
         self.filter = filter
         self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
-        self._ranked: tuple[LevelVectors, np.ndarray, int, float] | None = None
+        self._ranked: _Candidates | None = None
 
     def describe(self) -> str:
         f = "" if self.filter is None else f", filter={self.filter}"
-        merged = "merged " if self.merged else ""
+        masked = any(sl.newer is not None and sl.newer.levels for sl in self.levels)
         return (
-            f"BruteForceKnnExec: {merged}{self.level.kind} {self.level.generation} of region "
-            f"{short_id(self.level.region_id)}, column={self.column}, metric={self.metric}{f}"
+            f"BruteForceKnnExec: {', '.join(sl.describe() for sl in self.levels)}, column={self.column}, "
+            f"metric={self.metric}{f}" + (", rows of newer generations masked" if masked else "")
         )
 
-    def _candidates(self) -> tuple[LevelVectors, np.ndarray, int, float]:
-        """(the level's vectors, approximate distances (inf where not a candidate), number of
-        candidates, error bound of the approximation), computed once."""
+    def _vectors(self, level: Level) -> LevelVectors:
+        name = f"vectors:{self.column}:{','.join(self.primary_key)}"
+        return level_cached(level, name, lambda: LevelVectors.of_level(level, self.column, self.primary_key))
+
+    def _quantized(self, level: Level, vectors: LevelVectors) -> Quantized | None:
+        """A generation's int8 codes for l2 search (read once per process); None for a MemTable (its
+        rows change with every query) and for the other metrics."""
+        if self.metric != "l2" or level.kind != "generation":
+            return None
+        name = f"sq8:{self.column}:{','.join(self.primary_key)}"
+        return level_cached(level, name, lambda: Quantized.of(vectors.matrix))
+
+    def _candidates(self) -> _Candidates:
         if self._ranked is None:
-            name = f"vectors:{self.column}:{','.join(self.primary_key)}"
-            vectors = level_cached(
-                self.level, name, lambda: LevelVectors.of_level(self.level, self.column, self.primary_key)
-            )
-            mask = (
-                vectors.usable
-                if self.filter is None
-                else vectors.usable & filter_mask(self.level, self.filter)
-            )
-            approx, bound = vectors.approximate(self.query, self.metric)
-            approx = np.where(mask, approx, np.inf)
-            self._ranked = vectors, approx, int(mask.sum()), bound
+            vectors = [self._vectors(sl.level) for sl in self.levels]
+            scores: list[_F32Scores | Sq8Scores] = []
+            count = 0
+            for sl, v in zip(self.levels, vectors, strict=True):
+                excluded = sl.excluded(v, self.column)
+                if self.filter is not None:
+                    excluded = excluded | ~filter_mask(sl.level, self.filter)
+                count += len(excluded) - int(np.count_nonzero(excluded))
+                quantized = self._quantized(sl.level, v)
+                if quantized is not None:
+                    scores.append(quantized.scores(self.query, excluded))
+                    continue
+                approx = np.empty(len(v.matrix), np.float32)
+                bound = v.approximate(self.query, self.metric, approx)
+                np.copyto(approx, np.inf, where=excluded)
+                scores.append(_F32Scores(approx, bound))
+            offsets = np.cumsum([0] + [len(v.matrix) for v in vectors])
+            self._ranked = _Candidates(vectors, scores, offsets, count)
         return self._ranked
 
     def top(self, n: int) -> pa.Table:
-        """The `n` nearest candidates by exact distance: those the approximation cannot rule out
-        (within its error bound of the n-th), re-ranked with exact distances."""
-        vectors, approx, count, bound = self._candidates()
-        n = min(n, count)
-        if n == 0:
-            at = np.zeros(0, np.int64)
-            exact = np.zeros(0, np.float32)
-        else:
-            nth = approx[np.argpartition(approx, n - 1)[n - 1]]
-            near = np.flatnonzero(approx <= nth + 2 * bound)
-            exact = distances(vectors.matrix[near], self.query, self.metric)
+        """The `n` nearest candidates by exact distance: every row whose distance may be at most the
+        n-th smallest upper bound (the others cannot be among the n nearest), re-ranked with exact
+        distances."""
+        c = self._candidates()
+        n = min(n, c.count)
+        at = np.zeros(0, np.int64)
+        exact = np.zeros(0, np.float32)
+        if n > 0:
+            uppers = np.concatenate([s.uppers(n) for s in c.scores])  # at least n of them
+            limit = float(np.partition(uppers, n - 1)[n - 1])
+            near, measured = [], []
+            for i, s in enumerate(c.scores):
+                local = s.within(limit)
+                near.append(local + c.offsets[i])
+                measured.append(distances(c.vectors[i].matrix[local], self.query, self.metric))
+            at, exact = np.concatenate(near), np.concatenate(measured).astype(np.float32)
             best = ranked_positions(exact, n)[:n]
-            at, exact = near[best], exact[best]
+            at, exact = at[best], exact[best]
+        keys = self._take(c, at, lambda i, local: c.vectors[i].keys.take(pa.array(local)))
         positions = pa.array(at, pa.int64())
-        keys = vectors.keys.take(positions)
         return keys.append_column(POSITION, positions).append_column(DISTANCE, pa.array(exact, pa.float32()))
 
     def rows(self, positions: np.ndarray) -> pa.Table:
-        return take_rows(self.level, positions, self.schema.names[:-1])
+        columns = self.schema.names[:-1]
+        c = self._candidates()
+        return self._take(c, positions, lambda i, local: take_rows(self.levels[i].level, local, columns))
+
+    def _take(
+        self, c: _Candidates, positions: np.ndarray, take: Callable[[int, np.ndarray], pa.Table]
+    ) -> pa.Table:
+        """`take(level, its positions)` for each level that `positions` fall in, as one table in the
+        order of `positions`."""
+        positions = np.asarray(positions, dtype=np.int64)
+        level = c.level_of(positions)
+        parts, order = [], []
+        for i in np.unique(level) if len(positions) else [0]:
+            mine = np.flatnonzero(level == i)
+            parts.append(take(int(i), positions[mine] - c.offsets[i]))
+            order.append(mine)
+        if len(parts) == 1:
+            return parts[0]
+        rows = pa.concat_tables(parts)
+        return rows.take(pa.array(np.argsort(np.concatenate(order))))
 
 
 class LanceKnnExec(RankedExec):
@@ -239,6 +358,7 @@ class LanceKnnExec(RankedExec):
         k: int,
         filter: pc.Expression | None,
         schema: pa.Schema,
+        primary_key: Sequence[str],
         nprobes: int | None = None,
         refine_factor: int | None = None,
         label: str | None = None,
@@ -261,10 +381,13 @@ class LanceKnnExec(RankedExec):
         self.k = k
         self.filter = filter
         self.table_schema = schema
+        self.primary_key = list(primary_key)
         self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
+        keys = [schema.field(c) for c in self.primary_key]
+        self._top_schema = pa.schema([*keys, pa.field(POSITION, pa.int64()), self.schema.field(DISTANCE)])
         self.nprobes = nprobes
         self.refine_factor = refine_factor
-        self._last: pa.Table | None = None  # the rows of the last `top`, by position
+        self._last: pa.Table | None = None  # what the last `top` fetched (with row addresses), by position
 
     def describe(self) -> str:
         f = "" if self.filter is None else f", prefilter={self.filter}"
@@ -277,13 +400,16 @@ class LanceKnnExec(RankedExec):
         )
 
     def top(self, n: int) -> pa.Table:
+        """Lance's nearest rows: their keys, the columns of the filter's part that Lance cannot
+        apply, `_distance` and row addresses only; `rows` takes the winners' other columns."""
         if self.label is None:
             sql, residual = split_for_lance(self.filter, self.table_schema)
         else:
             live = ~pc.field(TOMBSTONE)
             flt = live if self.filter is None else self.filter & live
             sql, residual = split_for_lance(flt, self.table_schema.append(pa.field(TOMBSTONE, pa.bool_())))
-        columns = [*self.table_schema.names, DISTANCE]
+        needed = set(self.primary_key) | (referenced_columns(residual) if residual is not None else set())
+        columns = [c for c in [*self.table_schema.names, TOMBSTONE] if c in needed]
 
         def fetch(m: int) -> pa.Table:
             nearest: dict[str, Any] = {"column": self.column, "q": self.query, "k": m, "metric": self.metric}
@@ -292,20 +418,23 @@ class LanceKnnExec(RankedExec):
             if self.refine_factor is not None:
                 nearest["refine_factor"] = self.refine_factor
             rows = self.base.to_table(
-                columns=columns,
+                columns=[*columns, DISTANCE],
                 nearest=nearest,
                 filter=sql,
                 prefilter=sql is not None,
                 fast_search=self.indexed_only,
+                with_row_address=True,
             )
-            self._last = rows.select(columns).cast(self.schema)
-            return self._last.append_column(POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+            self._last = rows
+            return rows.append_column(POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
 
         def keep(rows: pa.Table) -> pa.Table:
             return rows if residual is None else rows.filter(residual)
 
-        return grow(fetch, keep, n, n)
+        found = grow(fetch, keep, n, n)
+        return found.select([*self.primary_key, POSITION, DISTANCE]).cast(self._top_schema)
 
     def rows(self, positions: np.ndarray) -> pa.Table:
         assert self._last is not None, "top() first"
-        return self._last.take(pa.array(positions)).drop_columns([DISTANCE])
+        addresses = self._last.column(_ROWADDR).to_numpy()[np.asarray(positions, dtype=np.int64)]
+        return take_addresses(self.base, addresses, self.table_schema.names)

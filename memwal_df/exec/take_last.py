@@ -60,7 +60,7 @@ from memwal_df.exec._keys import (
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.snapshot import Level
 
-__all__ = ["TakeLastExec", "level_label"]
+__all__ = ["TakeLastExec", "level_label", "take_addresses"]
 
 _ROWADDR = "_rowaddr"
 
@@ -291,6 +291,34 @@ def _fragment_take(
             sessions.clear()
         session = sessions[key] = ds.get_fragment(fragment_id).open_session(list(columns))
     return session.take(pa.array(offsets, pa.uint64()))
+
+
+_whole: PerObjectCache[lance.LanceDataset, dict[int, bool]] = PerObjectCache()
+
+
+def take_addresses(ds: lance.LanceDataset, addresses: np.ndarray, columns: Sequence[str]) -> pa.Table:
+    """The live rows at row `addresses` (`_rowaddr`: fragment id << 32 | physical offset), in that
+    order. A fragment without a deletion file (physical offsets are visible offsets) is read through
+    its kept `FragmentSession` (0.3 ms for 10 rows), any other through `_take_rows` (0.6 ms)."""
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    whole = _whole.get(
+        ds, lambda: {f.fragment_id: f.metadata.deletion_file is None for f in ds.get_fragments()}
+    )
+    fragments = (addresses >> np.uint64(32)).astype(np.int64)
+    order = np.argsort(addresses, kind="stable")
+    parts = []
+    for fragment in np.unique(fragments):
+        at = addresses[order[fragments[order] == fragment]]
+        if whole.get(int(fragment), False) and len(np.unique(at)) == len(at):
+            parts.append(_fragment_take(ds, int(fragment), at & np.uint64(0xFFFFFFFF), columns))
+        else:
+            parts.append(ds._take_rows(pa.array(at, pa.uint64()), columns=list(columns)))
+    if not parts:
+        return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+    taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    if taken.num_rows != len(addresses):
+        raise NotFoundError(f"{len(addresses) - taken.num_rows} of the rows taken by address are gone")
+    return taken.take(pa.array(np.argsort(order)))
 
 
 @dataclass(frozen=True)

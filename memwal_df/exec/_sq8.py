@@ -1,0 +1,111 @@
+"""int8 scalar quantization of a generation's vectors: the first pass of exact l2 brute-force search.
+
+A level's float32 vectors x_i are kept as int8 codes c_i with one scale s (x_i ~ s * c_i) and the
+largest quantization error of a row, e = max_i ||x_i - s * c_i|| (rounded up). A query q is
+quantized the same way (q~, error e_q). The kernel computes D_i = ||c_i - q~||^2 exactly in
+integers, reading a quarter of the bytes of the float32 vectors (0.03 ms per 12.6k x 64 rows on one
+core, against 0.13 ms for a float32 gemv). By the triangle inequality the true distance ||x_i - q||
+lies within E = e + e_q of s * sqrt(D_i): both bounds grow with D_i, so the rows that can be among
+the n nearest are those whose D_i is at most an integer threshold; the caller measures those exactly.
+
+Guarantees: `Sq8Scores.uppers` are never below, and the rows `Sq8Scores.within` leaves out are
+always above, the squared distance that `knn.distances` computes in float32 (the bounds are widened
+by that computation's rounding error), so a search that re-ranks `within` exactly stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Quantized", "Sq8Scores"]
+
+_MAX_DIM = 32_767  # D_i, a sum of d squares of at most 254^2, fits an int32 below this
+_UP = 1 + 1e-9  # rounds a float64 error term up past its own rounding
+_EXCLUDED = np.iinfo(np.int32).max
+
+_kernel: Any = None
+
+
+def _compiled() -> Any:
+    """The numba kernel, compiled (or loaded from numba's cache) on first use."""
+    global _kernel
+    if _kernel is None:
+        import numba
+
+        @numba.njit(nogil=True, cache=True)
+        def squared_distances(codes, q, excluded, out):  # type: ignore[no-untyped-def]
+            n, d = codes.shape
+            for i in range(n):
+                if excluded[i]:
+                    out[i] = _EXCLUDED
+                    continue
+                acc = np.int32(0)
+                for j in range(d):
+                    v = np.int32(codes[i, j]) - q[j]
+                    acc += v * v
+                out[i] = acc
+
+        _kernel = squared_distances
+    return _kernel
+
+
+@dataclass(frozen=True)
+class Sq8Scores:
+    """One query's integer distances to a level's rows (`_EXCLUDED` for rows that are not candidates)
+    and what turns them into bounds of the true squared distances."""
+
+    scores: np.ndarray  # int32 per row
+    scale: float
+    slack: float  # E: the true distance is within E of scale * sqrt(score)
+    widen: float  # relative rounding of float32 distances
+
+    def uppers(self, n: int) -> np.ndarray:
+        """Upper bounds of the squared distances of the min(n, candidates) rows with the smallest
+        scores."""
+        best = np.partition(self.scores, n - 1)[:n] if n < len(self.scores) else self.scores
+        best = best[best != _EXCLUDED].astype(np.float64)
+        return (self.scale * np.sqrt(best) + self.slack) ** 2 * (1 + self.widen)
+
+    def within(self, limit: float) -> np.ndarray:
+        """The rows whose squared distance may be at most `limit` (a superset)."""
+        reach = (np.sqrt(limit / (1 - self.widen)) + self.slack) / self.scale
+        threshold = min(np.floor(reach * reach * _UP) + 1, _EXCLUDED - 1)
+        return np.flatnonzero(self.scores <= threshold)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A level's vectors as int8 codes with one scale, and the largest quantization error of a row."""
+
+    codes: np.ndarray  # int8, one row per position
+    scale: float
+    error: float  # max_i ||x_i - scale * codes_i||, rounded up
+
+    @classmethod
+    def of(cls, matrix: np.ndarray) -> Quantized | None:
+        """The quantized `matrix` (float32 rows); None when it cannot be (no rows, a non-finite value,
+        or more dimensions than an int32 sum holds)."""
+        if len(matrix) == 0 or matrix.shape[1] > _MAX_DIM:
+            return None
+        top = float(np.abs(matrix).max())
+        if not np.isfinite(top):
+            return None
+        scale = top / 127 if top > 0 else 1.0
+        codes = np.clip(np.rint(matrix / np.float32(scale)), -127, 127).astype(np.int8)
+        residual = matrix.astype(np.float64) - codes.astype(np.float64) * scale
+        error = float(np.sqrt(np.einsum("ij,ij->i", residual, residual).max())) * _UP
+        return cls(codes, scale, error)
+
+    def scores(self, q: np.ndarray, excluded: np.ndarray) -> Sq8Scores:
+        """The query's scores against every row (`excluded` rows are not candidates)."""
+        q64 = q.astype(np.float64)
+        q_codes = np.clip(np.rint(q64 / self.scale), -127, 127)
+        q_error = float(np.sqrt(np.sum((q64 - q_codes * self.scale) ** 2))) * _UP
+        out = np.empty(len(self.codes), np.int32)
+        _compiled()(self.codes, q_codes.astype(np.int32), excluded, out)
+        # float32 rounding of the exact distance: d products and sums, relative to the sum of squares
+        widen = 4 * (self.codes.shape[1] + 2) * float(np.finfo(np.float32).eps)
+        return Sq8Scores(out, self.scale, (self.error + q_error) * _UP, widen)
