@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memwal_df.exec._sq8 import Quantized
+from memwal_df.exec._sq8 import Quantized, _smallest
 from memwal_df.exec.knn import distances
 
 
-def _check(matrix: np.ndarray, q: np.ndarray, excluded: np.ndarray, n: int) -> None:
-    quantized = Quantized.of(matrix)
+def _check(matrix: np.ndarray, q: np.ndarray, excluded: np.ndarray, n: int, parts: int = 1) -> None:
+    quantized = Quantized.of(np.array_split(matrix, parts))  # the levels of one search, one scale
     assert quantized is not None
     scores = quantized.scores(q, excluded)
     exact = distances(matrix, q, "l2").astype(np.float64)
@@ -47,6 +47,7 @@ def _check(matrix: np.ndarray, q: np.ndarray, excluded: np.ndarray, n: int) -> N
     query_scale=st.sampled_from([0.0, 1.0, 10.0, 1e4]),
     excluded_share=st.sampled_from([0.0, 0.5, 0.99]),
     n=st.integers(1, 50),
+    parts=st.integers(1, 4),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_bounds_hold_for_any_data(
@@ -58,6 +59,7 @@ def test_bounds_hold_for_any_data(
     query_scale: float,
     excluded_share: float,
     n: int,
+    parts: int,
     seed: int,
 ) -> None:
     rng = np.random.default_rng(seed)
@@ -69,15 +71,17 @@ def test_bounds_hold_for_any_data(
     q = (rng.standard_normal(dim) * spread * query_scale).astype(np.float32)
     if duplicates and query_scale == 1.0:
         q = matrix[0].copy()  # distance 0 to some rows
+    for i, part in enumerate(np.array_split(np.arange(rows), parts)):  # levels of different spreads
+        matrix[part] *= np.float32(10.0**i)
     excluded = rng.random(rows) < excluded_share
-    _check(matrix, q, excluded, n)
+    _check(matrix, q, excluded, n, parts)
 
 
 def test_the_first_pass_narrows_a_realistic_search() -> None:
     """On Gaussian vectors (the benchmark's) the rows let through are a small share of the level."""
     rng = np.random.default_rng(3)
     matrix = rng.standard_normal((20_000, 64)).astype(np.float32)
-    quantized = Quantized.of(matrix)
+    quantized = Quantized.of([matrix])
     assert quantized is not None
     for _ in range(20):
         q = rng.standard_normal(64).astype(np.float32)
@@ -96,8 +100,18 @@ def test_the_first_pass_narrows_a_realistic_search() -> None:
     ],
 )
 def test_data_that_cannot_be_quantized_is_searched_in_float32(matrix: np.ndarray) -> None:
-    assert Quantized.of(matrix) is None
+    assert Quantized.of([matrix]) is None
 
 
 def test_all_zero_vectors() -> None:
     _check(np.zeros((10, 4), np.float32), np.ones(4, np.float32), np.zeros(10, bool), 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 2**31 - 1) | st.integers(0, 50), min_size=1, max_size=5000),
+    n=st.integers(1, 300),
+)
+def test_smallest_values(values: list[int], n: int) -> None:
+    array = np.asarray(values, np.int32)
+    assert np.array_equal(np.sort(_smallest(array, n)), np.sort(array)[:n])

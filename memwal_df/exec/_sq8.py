@@ -15,6 +15,7 @@ by that computation's rounding error), so a search that re-ranks `within` exactl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,20 @@ _UP = 1 + 1e-9  # rounds a float64 error term up past its own rounding
 _EXCLUDED = np.iinfo(np.int32).max
 
 _kernel: Any = None
+_GROUPS = 64
+
+
+def _smallest(values: np.ndarray, n: int) -> np.ndarray:
+    """The `n` smallest of `values` (all of them when there are fewer), in no order: partitioned
+    among the values at most the n-th smallest minimum of 64-strided groups (at least n values are),
+    0.05 ms for 200k values against 0.35 ms for `np.partition` of all of them (which copies them)."""
+    if n >= len(values):
+        return values
+    full = len(values) // _GROUPS * _GROUPS
+    if full // _GROUPS > n:
+        mins = values[:full].reshape(_GROUPS, -1).min(axis=0)  # contiguous rows: one vectorized pass
+        values = values[values <= np.partition(mins, n - 1)[n - 1]]
+    return np.partition(values, n - 1)[:n]
 
 
 def _compiled() -> Any:
@@ -65,7 +80,7 @@ class Sq8Scores:
     def uppers(self, n: int) -> np.ndarray:
         """Upper bounds of the squared distances of the min(n, candidates) rows with the smallest
         scores."""
-        best = np.partition(self.scores, n - 1)[:n] if n < len(self.scores) else self.scores
+        best = _smallest(self.scores, n)
         best = best[best != _EXCLUDED].astype(np.float64)
         return (self.scale * np.sqrt(best) + self.slack) ** 2 * (1 + self.widen)
 
@@ -85,19 +100,26 @@ class Quantized:
     error: float  # max_i ||x_i - scale * codes_i||, rounded up
 
     @classmethod
-    def of(cls, matrix: np.ndarray) -> Quantized | None:
-        """The quantized `matrix` (float32 rows); None when it cannot be (no rows, a non-finite value,
-        or more dimensions than an int32 sum holds)."""
-        if len(matrix) == 0 or matrix.shape[1] > _MAX_DIM:
+    def of(cls, matrices: Sequence[np.ndarray]) -> Quantized | None:
+        """The rows of `matrices` (float32, one after the other) quantized with one scale; None when
+        they cannot be (no rows, a non-finite value, or more dimensions than an int32 sum holds)."""
+        rows = sum(len(m) for m in matrices)
+        if rows == 0 or matrices[0].shape[1] > _MAX_DIM:
             return None
-        top = float(np.abs(matrix).max())
+        top = max(float(np.abs(m).max()) if len(m) else 0.0 for m in matrices)
         if not np.isfinite(top):
             return None
         scale = top / 127 if top > 0 else 1.0
-        codes = np.clip(np.rint(matrix / np.float32(scale)), -127, 127).astype(np.int8)
-        residual = matrix.astype(np.float64) - codes.astype(np.float64) * scale
-        error = float(np.sqrt(np.einsum("ij,ij->i", residual, residual).max())) * _UP
-        return cls(codes, scale, error)
+        codes = np.empty((rows, matrices[0].shape[1]), np.int8)
+        error, at = 0.0, 0
+        for m in matrices:  # one matrix at a time: the float64 residuals stay small
+            part = np.clip(np.rint(m / np.float32(scale)), -127, 127)
+            codes[at : at + len(m)] = part
+            residual = m.astype(np.float64) - part.astype(np.float64) * scale
+            if len(m):
+                error = max(error, float(np.sqrt(np.einsum("ij,ij->i", residual, residual).max())))
+            at += len(m)
+        return cls(codes, scale, error * _UP)
 
     def scores(self, q: np.ndarray, excluded: np.ndarray) -> Sq8Scores:
         """The query's scores against every row (`excluded` rows are not candidates)."""

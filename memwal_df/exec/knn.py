@@ -36,7 +36,7 @@ from memwal_df.exec.filter_stale import NewerLevels
 from memwal_df.exec.ranked import POSITION, RankedExec, grow
 from memwal_df.exec.take_last import take_addresses
 from memwal_df.predicate import referenced_columns, split_for_lance
-from memwal_df.snapshot import Level
+from memwal_df.snapshot import ImmutableCache, Level
 from memwal_df.wal import TOMBSTONE
 
 __all__ = [
@@ -216,16 +216,20 @@ class _F32Scores:
 
 @dataclass(frozen=True)
 class _Candidates:
-    """Every searched level's vectors and scores, where each level's positions start, and the number
-    of candidates."""
+    """Every searched level's vectors, the scores of all their rows (one segment for quantized
+    generations, else one per level), where each level's positions start, and the number of
+    candidates."""
 
     vectors: list[LevelVectors]
-    scores: list[_F32Scores | Sq8Scores]
+    segments: list[tuple[int, _F32Scores | Sq8Scores]]  # (first position, scores of its rows)
     offsets: np.ndarray  # the first position of each level, and the total
     count: int
 
     def level_of(self, positions: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.offsets, positions, side="right") - 1
+
+
+_QUANTIZED_SETS = ImmutableCache(capacity=16)  # int8 matrices of sets of generations, by their identity
 
 
 class BruteForceKnnExec(RankedExec):
@@ -268,34 +272,58 @@ class BruteForceKnnExec(RankedExec):
         name = f"vectors:{self.column}:{','.join(self.primary_key)}"
         return level_cached(level, name, lambda: LevelVectors.of_level(level, self.column, self.primary_key))
 
-    def _quantized(self, level: Level, vectors: LevelVectors) -> Quantized | None:
-        """A generation's int8 codes for l2 search (read once per process); None for a MemTable (its
-        rows change with every query) and for the other metrics."""
-        if self.metric != "l2" or level.kind != "generation":
+    def _quantized(self, vectors: list[LevelVectors]) -> tuple[Quantized, np.ndarray] | None:
+        """For an l2 search of generations only: their vectors as one int8 matrix and which of its
+        rows are not candidates (before the filter), kept per set of generations and newer
+        generations (generations never change); None otherwise (a MemTable's rows change with every
+        query)."""
+        if self.metric != "l2" or any(sl.level.kind != "generation" for sl in self.levels):
             return None
-        name = f"sq8:{self.column}:{','.join(self.primary_key)}"
-        return level_cached(level, name, lambda: Quantized.of(vectors.matrix))
+        identity = "\n".join(
+            f"{sl.level.uri}|{','.join(lv.uri for lv in sl.newer.levels) if sl.newer else ''}"
+            for sl in self.levels
+        )
+        name = f"{self.column}:{','.join(self.primary_key)}"
+
+        def build() -> tuple[Quantized, np.ndarray] | None:
+            quantized = Quantized.of([v.matrix for v in vectors])
+            if quantized is None:
+                return None
+            excluded = [sl.excluded(v, self.column) for sl, v in zip(self.levels, vectors, strict=True)]
+            return quantized, np.concatenate(excluded)
+
+        digest = hashlib.sha256(identity.encode()).hexdigest()
+        return _QUANTIZED_SETS.get(digest, name, build)  # type: ignore[no-any-return]
+
+    def _excluded(self, excluded: np.ndarray) -> np.ndarray:
+        """`excluded`, plus every row that does not match the filter."""
+        if self.filter is None:
+            return excluded
+        matches = np.concatenate([filter_mask(sl.level, self.filter) for sl in self.levels])
+        return excluded | ~matches
 
     def _candidates(self) -> _Candidates:
         if self._ranked is None:
             vectors = [self._vectors(sl.level) for sl in self.levels]
-            scores: list[_F32Scores | Sq8Scores] = []
-            count = 0
-            for sl, v in zip(self.levels, vectors, strict=True):
-                excluded = sl.excluded(v, self.column)
-                if self.filter is not None:
-                    excluded = excluded | ~filter_mask(sl.level, self.filter)
-                count += len(excluded) - int(np.count_nonzero(excluded))
-                quantized = self._quantized(sl.level, v)
-                if quantized is not None:
-                    scores.append(quantized.scores(self.query, excluded))
-                    continue
-                approx = np.empty(len(v.matrix), np.float32)
-                bound = v.approximate(self.query, self.metric, approx)
-                np.copyto(approx, np.inf, where=excluded)
-                scores.append(_F32Scores(approx, bound))
             offsets = np.cumsum([0] + [len(v.matrix) for v in vectors])
-            self._ranked = _Candidates(vectors, scores, offsets, count)
+            segments: list[tuple[int, _F32Scores | Sq8Scores]] = []
+            count = 0
+            quantized = self._quantized(vectors)
+            if quantized is not None:  # all levels as one segment
+                excluded = self._excluded(quantized[1])
+                count = len(excluded) - int(np.count_nonzero(excluded))
+                segments.append((0, quantized[0].scores(self.query, excluded)))
+            else:
+                for i, (sl, v) in enumerate(zip(self.levels, vectors, strict=True)):
+                    excluded = sl.excluded(v, self.column)
+                    if self.filter is not None:
+                        excluded = excluded | ~filter_mask(sl.level, self.filter)
+                    count += len(excluded) - int(np.count_nonzero(excluded))
+                    approx = np.empty(len(v.matrix), np.float32)
+                    bound = v.approximate(self.query, self.metric, approx)
+                    np.copyto(approx, np.inf, where=excluded)
+                    segments.append((int(offsets[i]), _F32Scores(approx, bound)))
+            self._ranked = _Candidates(vectors, segments, offsets, count)
         return self._ranked
 
     def top(self, n: int) -> pa.Table:
@@ -307,16 +335,18 @@ class BruteForceKnnExec(RankedExec):
         at = np.zeros(0, np.int64)
         exact = np.zeros(0, np.float32)
         if n > 0:
-            uppers = np.concatenate([s.uppers(n) for s in c.scores])  # at least n of them
+            uppers = np.concatenate([s.uppers(n) for _, s in c.segments])  # at least n of them
             limit = float(np.partition(uppers, n - 1)[n - 1])
-            near, measured = [], []
-            for i, s in enumerate(c.scores):
-                local = s.within(limit)
-                near.append(local + c.offsets[i])
-                measured.append(distances(c.vectors[i].matrix[local], self.query, self.metric))
-            at, exact = np.concatenate(near), np.concatenate(measured).astype(np.float32)
+            near = np.concatenate([start + s.within(limit) for start, s in c.segments])
+            level = c.level_of(near)
+            exact = np.empty(len(near), np.float32)
+            for i in np.unique(level):
+                mine = level == i
+                exact[mine] = distances(
+                    c.vectors[i].matrix[near[mine] - c.offsets[i]], self.query, self.metric
+                )
             best = ranked_positions(exact, n)[:n]
-            at, exact = at[best], exact[best]
+            at, exact = near[best], exact[best]
         keys = self._take(c, at, lambda i, local: c.vectors[i].keys.take(pa.array(local)))
         positions = pa.array(at, pa.int64())
         return keys.append_column(POSITION, positions).append_column(DISTANCE, pa.array(exact, pa.float32()))
