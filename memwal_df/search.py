@@ -143,13 +143,16 @@ def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
     return _Setup(snapshot, regions, flt)
 
 
-_INDEXES: PerObjectCache[lance.LanceDataset, list[Any]] = PerObjectCache()
+_INDEXES: PerObjectCache[lance.LanceDataset, dict[int, list[Any]]] = PerObjectCache()
 
 
 def _index_details(base: lance.LanceDataset, column: str, kind: str) -> dict[str, Any] | None:
     """The details of the base's index of `kind` (`vector` / `inverted`) on `column`, if any (the
-    indexes of a base dataset object, a pinned version, are described once)."""
-    for index in _INDEXES.get(base, base.describe_indices):
+    indexes of a dataset object are described once per version)."""
+    described = _INDEXES.get(base, dict)
+    if base.version not in described:
+        described[base.version] = base.describe_indices()
+    for index in described[base.version]:
         if list(index.field_names) != [column]:
             continue
         is_vector = "VectorIndexDetails" in index.type_url
