@@ -13,10 +13,12 @@ callback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
 from memwal_df.exec.base import ExecNode
@@ -66,15 +68,39 @@ def selects_keys_only(node: Node | None, key_schema: pa.Schema) -> bool:
     return found == key_schema.field(column.name).type
 
 
-def _decoded(filter: Any) -> Node | None:
+def _decoded(filter: Any, key_schema: pa.Schema) -> Node | None:
     """The pushed filter's tree (decoded once per query), None without one or when pyarrow cannot
     serialize it (then no point lookup is planned)."""
     if filter is None:
         return None
+    if (equality := _key_equality(filter, key_schema)) is not None:
+        return equality
     try:
         return decode(filter)
     except ValueError:
         return None
+
+
+_KEY_EQUALITY = re.compile(r"\((\w+) == (-?\d+)\)")
+
+
+def _key_equality(filter: Any, key_schema: pa.Schema) -> Node | None:
+    """The tree of `integer key == literal`, the usual point lookup, read from the expression's text
+    and confirmed by comparing the expressions (so the literal's type is the key's): 3 us against
+    0.24 ms for `decode`. None for any other filter."""
+    match = _KEY_EQUALITY.fullmatch(str(filter))
+    if match is None or match[1] not in key_schema.names:
+        return None
+    t = key_schema.field(match[1]).type
+    if not pa.types.is_integer(t):
+        return None
+    try:
+        scalar = pa.scalar(int(match[2]), t)
+    except (pa.ArrowInvalid, OverflowError):
+        return None
+    if not filter.equals(pc.field(match[1]) == scalar):
+        return None
+    return Call("equal", (Field(match[1]), Literal(scalar.as_py(), t, scalar)), {}, None)
 
 
 def _key_table(keys: list[tuple[Any, ...]], key_schema: pa.Schema) -> pa.Table:
@@ -173,7 +199,7 @@ class MemWalTable(pds.Dataset):
             else:
                 return [Partition("no rows (the filter is never true)", lambda cols: UnionExec([]))]
         ts = self.table.schema
-        node = _decoded(filter)
+        node = _decoded(filter, ts.key_schema)
         keys = key_lookups(node, ts.primary_key)
         if keys is None:
             snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]

@@ -36,6 +36,8 @@ from merge_helper import flushed_generations, gc_merged, merge_all, merge_region
 from reference import stored_rows
 
 import memwal_df as mw
+from memwal_df import dataset as dataset_module
+from memwal_df.predicate import decode
 from memwal_df.snapshot import take_snapshot
 
 CATS = ("a", "b", "c")
@@ -978,3 +980,26 @@ def test_random_histories():
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("filter", "fast"),
+    [
+        (pc.field("id") == pa.scalar(42, pa.int64()), True),
+        (pc.field("id") == pa.scalar(-7, pa.int64()), True),
+        (pc.field("id") == pa.scalar(42, pa.int32()), False),  # same text, another literal type
+        (pc.field("value") == pa.scalar(42, pa.int64()), False),  # not a key column
+        (pc.field("id") == pa.scalar(4.0), False),
+        (pc.field("id").isin([1, 2]), False),
+        ((pc.field("id") == 1) | (pc.field("id") == 2), False),
+    ],
+)
+def test_key_equality_fast_path_decodes_like_decode(filter: pc.Expression, fast: bool) -> None:
+    """The point lookup's fast path reads `key == integer` from the expression's text; it must give
+    decode's tree exactly, and nothing for any other filter."""
+    key_schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    got = dataset_module._key_equality(filter, key_schema)
+    assert (got is not None) == fast
+    if fast:
+        assert got == decode(filter)
+    assert dataset_module._decoded(filter, key_schema) == decode(filter)
