@@ -105,6 +105,16 @@ def _read_ms(r: dict[str, Any]) -> float:
     return r["p50_ms"] if "p50_ms" in r else r["median_s"] * 1e3
 
 
+def _targets(data: dict[str, Any]) -> list[str]:
+    """The run's DESIGN.md section 7 verdicts as a Markdown table (none when the JSON has none)."""
+    if not data.get("targets"):
+        return []
+    return ["", "Targets (DESIGN.md section 7), judged on memwal_df SQL:", ""] + _md_table(
+        ["target", "measured", "met"],
+        [[t["target"], t["measured"], "yes" if t["met"] else "NO"] for t in data["targets"]],
+    )
+
+
 def read_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     """Scans and point lookups by engine (median / p50 ms) and the DESIGN.md targets; chart data."""
     ops = list(dict.fromkeys(r["op"] for r in data["results"]))
@@ -123,12 +133,7 @@ def read_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         rows.append([op, *cells])
     lines = ["### Scans and point lookups (ms: median of the runs; lookups p50 / p99)", ""]
     lines += _md_table(["operation", *engines], rows)
-    if data.get("targets"):
-        lines += ["", "Targets (DESIGN.md section 7), judged on memwal_df SQL:", ""]
-        lines += _md_table(
-            ["target", "measured", "met"],
-            [[t["target"], t["measured"], "yes" if t["met"] else "NO"] for t in data["targets"]],
-        )
+    lines += _targets(data)
     for m in data.get("mismatches", []):
         lines.append(f"\nWARNING: memwal_df and Lance's LSM reader disagree: {m}")
     chart = {
@@ -164,6 +169,7 @@ def search_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
             "",
             "Cold first queries: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in data["cold_s"].items()),
         ]
+    lines += _targets(data)
     chart = {
         "vector search": {r["engine"]: r["p50_ms"] for r in vec},
         "full-text search": {r["engine"]: r["p50_ms"] for r in data["fts"]},

@@ -30,16 +30,23 @@ def load_report():
     return module
 
 
+def run_bench(name: str, args: list[str]) -> subprocess.CompletedProcess:
+    """bench/<name>.py with `args`, as `make bench` runs it; fails the test on a non-zero exit."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
+    run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for name, args in TINY.items():
-        cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args, "--json", str(out / f"{name}.json")]
-        if name != "merge":
-            cmd += ["--dir", str(out)]
-        run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr[-2000:]
+        run_bench(
+            name,
+            [*args, "--json", str(out / f"{name}.json")] + (["--dir", str(out)] if name != "merge" else []),
+        )
     return out
 
 
@@ -76,3 +83,29 @@ def test_report_charts(results):
     report = (results / "report.md").read_text()
     for png in ("write.png", "read.png", "merge.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"![{png}]({png})" in report
+
+
+def test_search_bench_judges_its_targets_from_its_figures_and_leaves_no_tables(tmp_path):
+    tiny = ["--base-rows", "2000", "--upserts", "1000", "--memtable-upserts", "100"]
+    tiny += ["--queries", "4", "--warmup", "1", "--partitions", "4"]
+    out = tmp_path / "search.json"
+    run = run_bench("search", [*tiny, "--dir", str(tmp_path), "--json", str(out)])
+    assert [p.name for p in tmp_path.iterdir()] == ["search.json"]  # the run's tables are deleted
+    data = json.loads(out.read_text())
+    vec = {r["engine"]: r for r in data["vector_search"]}
+    fts = {r["engine"]: r for r in data["fts"]}
+    ours, native = (r["put_rows_per_s"] for r in data["indexed_write"])
+    expected = (
+        [
+            vec[f"memwal_df SQL{s}"]["p50_ms"] <= 10
+            and vec[f"memwal_df SQL{s}"]["recall"] >= vec[f"Lance LsmVectorSearchPlanner{s}"]["recall"]
+            for s in ("", " (alone)")
+        ]
+        + [fts[f"memwal_df SQL{s}"]["p50_ms"] <= 20 for s in ("", " (alone)")]
+        + [ours >= native]
+    )
+    assert [t["met"] for t in data["targets"]] == expected
+    section = "\n".join(load_report().search_section(data)[0])
+    for t in data["targets"]:
+        row = f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |"
+        assert row in run.stdout and row in section
