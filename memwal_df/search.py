@@ -29,11 +29,12 @@ from memwal_df.errors import InvalidConfigError
 from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
-from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, GlobalBM25Exec
+from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, FtsQuery, GlobalBM25Exec
 from memwal_df.exec.knn import (
     DISTANCE,
     METRICS,
     BruteForceKnnExec,
+    KnnQuery,
     LanceKnnExec,
     ShadowedLevel,
     query_vector,
@@ -195,23 +196,17 @@ def plan_vector_search(
     refine = opts.refine_factor if opts.refine_factor is not None else (1 if index else None)
     coverage = index_coverage(s.snapshot, [column], vector=True) if index else None
     gap = coverage.plan.gap if coverage is not None and coverage.plan is not None else {}
+    knn = KnnQuery(column, q, metric, k, s.filter, schema, tuple(s.primary_key))
 
     def indexed_knn(level: Level, ds: lance.LanceDataset, merged: bool) -> RankedExec:
         where = f"generation {level.generation} of region {short_id(level.region_id)}"
         where = f"merged {where}" if merged else where
-        return LanceKnnExec(
-            ds, column, q, metric, k, s.filter, schema, s.primary_key, opts.nprobes, refine or 1, where
-        )
-
-    def brute_force(levels: list[ShadowedLevel]) -> BruteForceKnnExec:
-        return BruteForceKnnExec(levels, column, q, metric, k, s.filter, schema, s.primary_key)
+        return LanceKnnExec(ds, knn, opts.nprobes, refine or 1, where)
 
     arms: list[RankedExec] = []
     if base.get_fragments():
-        arm = LanceKnnExec(
-            base, column, q, metric, k, s.filter, schema, s.primary_key, opts.nprobes, refine,
-            catchup=coverage.note if coverage is not None else None, indexed_only=bool(gap),
-        )  # fmt: skip
+        catchup = coverage.note if coverage is not None else None
+        arm = LanceKnnExec(base, knn, opts.nprobes, refine, catchup=catchup, indexed_only=bool(gap))
         arms.append(_stale_filtered(arm, s.newer(s.every_level)))
     # The generations searched by brute force, of every region read, as one arm: the rows a newer
     # generation of the region replaces are masked, the MemTables are checked by FilterStaleExec.
@@ -224,15 +219,15 @@ def plan_vector_search(
             merged = i >= len(region.levels)
             if lv.kind == "memtable":
                 memtables.append(lv)
-                arms.append(_stale_filtered(brute_force([ShadowedLevel(lv)]), s.newer(levels[:i])))
+                arms.append(_stale_filtered(BruteForceKnnExec([ShadowedLevel(lv)], knn), s.newer(levels[:i])))
             elif (ds := _indexed_generation(lv, column, metric, indexed_generation_rows)) is not None:
                 arms.append(_stale_filtered(indexed_knn(lv, ds, merged), s.newer(levels[:i])))
             else:
                 newer = [g for g in levels[:i] if g.kind == "generation"]
                 generations.append(ShadowedLevel(lv, s.newer(newer), merged))
     if generations:
-        arms.append(_stale_filtered(brute_force(generations), s.newer(memtables)))
-    return TopKExec(arms, k, DISTANCE, schema.append(pa.field(DISTANCE, pa.float32())))
+        arms.append(_stale_filtered(BruteForceKnnExec(generations, knn), s.newer(memtables)))
+    return TopKExec(arms, k, DISTANCE, knn.schema)
 
 
 def _indexed_generation(level: Level, column: str, metric: str, min_rows: int) -> lance.LanceDataset | None:
@@ -269,18 +264,14 @@ def plan_fts(
     base = s.snapshot.base
     tokenizer = Tokenizer.from_index_details(_index_details(base, column, "inverted"))
     terms = tokenizer.terms(query)
+    fts_query = FtsQuery(column, tokenizer, tuple(terms), k, s.filter, schema)
     arms = []
     if base.get_fragments():
-        arms.append(
-            Bm25Exec.for_base(base, column, tokenizer, terms, k, s.filter, schema, s.newer(s.all_levels))
-        )
+        arms.append(Bm25Exec.for_base(base, fts_query, s.newer(s.all_levels)))
     searched = {id(r) for r in s.regions}
     for region in s.snapshot.regions:  # pruned regions too: the statistics cover the whole table
         for i, level in enumerate(region.levels):
             newer = s.newer(region.levels[:i])
-            searchable = id(region) in searched
-            arms.append(
-                Bm25Exec.for_level(level, column, tokenizer, terms, k, s.filter, schema, newer, searchable)
-            )
+            arms.append(Bm25Exec.for_level(level, fts_query, newer, searchable=id(region) in searched))
     out_schema = schema.append(pa.field(SCORE, pa.float64()))
     return GlobalBM25Exec(arms, terms, k, out_schema)

@@ -466,6 +466,25 @@ def die_once(marker: str) -> Callable[[], None]:
     return die
 
 
+def kill_once_table(tmp_path, buckets: int) -> tuple[mw.Table, str, Callable[[], None]]:
+    """A table of rows 0-99 (version 0) in `buckets` bucket regions, the marker file of `die_once`
+    and that function."""
+    table = mw.create_table(
+        str(tmp_path / "t"), rows(range(100), 0), "id", region_spec=mw.bucket("id", buckets)
+    )
+    marker = str(tmp_path / "killed")
+    return table, marker, die_once(marker)
+
+
+def assert_survived_the_kill(table: mw.Table, marker: str, data: pa.Table) -> None:
+    """A task was killed (`marker` exists) and the table holds rows 0-99 upserted with `data`, as
+    read through MemWalTable and as stored."""
+    assert os.path.exists(marker)
+    model = {**normalized(rows(range(100), 0)), **normalized(data)}
+    assert normalized(mw.MemWalTable(table.uri).to_table()) == model
+    assert normalized(list(stored_rows(table).values())) == model
+
+
 def register_writer(spark, name: str, make_writer: Any) -> str:
     """Register a "memwal" data source named `name` whose writer is `make_writer(ref, schema, options)`."""
 
@@ -482,10 +501,7 @@ def register_writer(spark, name: str, make_writer: Any) -> str:
 
 
 def test_a_task_killed_mid_write_leaves_the_table_correct(spark, tmp_path):
-    uri = str(tmp_path / "t")
-    table = mw.create_table(uri, rows(range(100), 0), "id", region_spec=mw.bucket("id", 2))
-    marker = str(tmp_path / "killed")
-    die = die_once(marker)
+    table, marker, die = kill_once_table(tmp_path, 2)
 
     class KilledOnce(MemWalWriter):
         def write(self, iterator):
@@ -502,13 +518,10 @@ def test_a_task_killed_mid_write_leaves_the_table_correct(spark, tmp_path):
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "200")
     try:
         routed = mws.route(to_spark(spark, data), table)
-        routed.write.format(source).mode("append").save(uri)
+        routed.write.format(source).mode("append").save(table.uri)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-    assert os.path.exists(marker)
-    model = {**normalized(rows(range(100), 0)), **normalized(data)}
-    assert normalized(mw.MemWalTable(uri).to_table()) == model
-    assert normalized(list(stored_rows(table).values())) == model
+    assert_survived_the_kill(table, marker, data)
     # the killed attempt claimed a region (epoch 1) and wrote to its WAL; the retry fenced it
     retried = [r for r in table.status()["regions"] if r.writer_epoch >= 2]
     assert retried
@@ -519,10 +532,7 @@ def test_a_task_killed_mid_write_leaves_the_table_correct(spark, tmp_path):
 def test_a_task_killed_mid_unrouted_write_leaves_the_table_correct(spark, tmp_path):
     """The first task to write a region dies after its rows are in the WAL, holding the region's
     lease; its retry takes the lease over, claims the region (replaying them) and writes it again."""
-    uri = str(tmp_path / "t")
-    table = mw.create_table(uri, rows(range(100), 0), "id", region_spec=mw.bucket("id", 3))
-    marker = str(tmp_path / "killed")
-    die = die_once(marker)
+    table, marker, die = kill_once_table(tmp_path, 3)
 
     class KilledInRegion(StagedWriter):
         def write(self, iterator):
@@ -540,11 +550,8 @@ def test_a_task_killed_mid_unrouted_write_leaves_the_table_correct(spark, tmp_pa
 
     source = register_writer(spark, "memwal_unrouted_killed_once", KilledInRegion)
     data = rows(range(50, 4050), 1)
-    save(to_spark(spark, data).repartition(4), uri, fmt=source, lease_ttl_s=10)
-    assert os.path.exists(marker)
-    model = {**normalized(rows(range(100), 0)), **normalized(data)}
-    assert normalized(mw.MemWalTable(uri).to_table()) == model
-    assert normalized(list(stored_rows(table).values())) == model
+    save(to_spark(spark, data).repartition(4), table.uri, fmt=source, lease_ttl_s=10)
+    assert_survived_the_kill(table, marker, data)
     assert table.storage.list_dir(layout.WRITE_LEASE_DIR) == []
     # 4 tasks x 3 regions claims, each flushed once, and the killed attempt's claim, never flushed
     regions = table.status()["regions"]

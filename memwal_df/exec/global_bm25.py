@@ -47,7 +47,18 @@ from memwal_df.snapshot import ImmutableCache, Level
 from memwal_df.tokenizer import Tokenizer
 from memwal_df.wal import TOMBSTONE
 
-__all__ = ["B", "K1", "SCORE", "Bm25Exec", "CorpusStats", "GlobalBM25Exec", "PairTerms", "TermIndex", "Terms"]
+__all__ = [
+    "B",
+    "K1",
+    "SCORE",
+    "Bm25Exec",
+    "CorpusStats",
+    "FtsQuery",
+    "GlobalBM25Exec",
+    "PairTerms",
+    "TermIndex",
+    "Terms",
+]
 
 SCORE = "_score"
 K1 = 1.2
@@ -194,6 +205,19 @@ def _live(index: Terms, newer: NewerLevels, owner: str | None) -> np.ndarray:
     return live
 
 
+@dataclass(frozen=True)
+class FtsQuery:
+    """One full-text search: the `k` live documents that best match `terms` (tokenized with
+    `tokenizer`) in `column`, among the rows that match `filter`, of a table with `schema`."""
+
+    column: str
+    tokenizer: Tokenizer
+    terms: tuple[str, ...]
+    k: int
+    filter: pc.Expression | None
+    schema: pa.Schema
+
+
 class Bm25Exec(RankedExec):
     """BM25 ranking of one level's live documents with the global statistics (set before `top`)."""
 
@@ -223,18 +247,9 @@ class Bm25Exec(RankedExec):
         self.stats: CorpusStats | None = None
 
     @classmethod
-    def for_base(
-        cls,
-        base: lance.LanceDataset,
-        column: str,
-        tokenizer: Tokenizer,
-        terms: Sequence[str],
-        k: int,
-        filter: pc.Expression | None,
-        schema: pa.Schema,
-        newer: NewerLevels,
-    ) -> Bm25Exec:
-        pk = newer.primary_key
+    def for_base(cls, base: lance.LanceDataset, q: FtsQuery, newer: NewerLevels) -> Bm25Exec:
+        """The base table's ranking; its live documents are those whose key no level in `newer` holds."""
+        pk, column, tokenizer = newer.primary_key, q.column, q.tokenizer
 
         def build() -> TermIndex:
             return TermIndex.build(base.to_table(columns=[*pk, column]), column, pk, tokenizer)
@@ -246,23 +261,12 @@ class Bm25Exec(RankedExec):
             return base.take(pa.array(positions, pa.int64()), columns=list(columns))
 
         label = f"base v{base.version}, live = not in {newer.describe()}"
-        return cls(label, index, terms, k, live, live, take, schema, filter)
+        return cls(label, index, q.terms, q.k, live, live, take, q.schema, q.filter)
 
     @classmethod
-    def for_level(
-        cls,
-        level: Level,
-        column: str,
-        tokenizer: Tokenizer,
-        terms: Sequence[str],
-        k: int,
-        filter: pc.Expression | None,
-        schema: pa.Schema,
-        newer: NewerLevels,
-        searchable: bool = True,
-    ) -> Bm25Exec:
+    def for_level(cls, level: Level, q: FtsQuery, newer: NewerLevels, searchable: bool = True) -> Bm25Exec:
         """A level's ranking; `searchable=False` (a region the filter prunes): statistics only."""
-        pk = newer.primary_key
+        pk, column, tokenizer, filter = newer.primary_key, q.column, q.tokenizer, q.filter
 
         def build() -> Terms:
             indexed = level.source.terms(column) if level.source is not None else None
@@ -286,7 +290,7 @@ class Bm25Exec(RankedExec):
 
         where = f"{level.kind} {level.generation} of region {short_id(level.region_id)}"
         label = f"{where}, live = not in {newer.describe()}" + ("" if searchable else " (statistics only)")
-        return cls(label, index, terms, k, live, eligible, take, schema)
+        return cls(label, index, q.terms, q.k, live, eligible, take, q.schema)
 
     def describe(self) -> str:
         f = "" if self.post_filter is None else f", filter={self.post_filter}"

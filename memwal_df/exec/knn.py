@@ -43,6 +43,7 @@ __all__ = [
     "DISTANCE",
     "METRICS",
     "BruteForceKnnExec",
+    "KnnQuery",
     "LanceKnnExec",
     "ShadowedLevel",
     "distances",
@@ -232,32 +233,46 @@ class _Candidates:
 _QUANTIZED_SETS = ImmutableCache(capacity=16)  # int8 matrices of sets of generations, by their identity
 
 
-class BruteForceKnnExec(RankedExec):
+@dataclass(frozen=True)
+class KnnQuery:
+    """One vector search: the `k` rows nearest to `query` in `column` by `metric`, among the rows
+    that match `filter`, of a table with `table_schema` and `primary_key`."""
+
+    column: str
+    query: np.ndarray
+    metric: str
+    k: int
+    filter: pc.Expression | None
+    table_schema: pa.Schema
+    primary_key: tuple[str, ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The output schema: the table's columns, then `_distance`."""
+        return self.table_schema.append(pa.field(DISTANCE, pa.float32()))
+
+
+class _KnnExec(RankedExec):
+    """A KNN operator: the query's fields as attributes, scored by `_distance`."""
+
+    def __init__(self, knn: KnnQuery) -> None:
+        self.score = DISTANCE
+        self.column, self.query, self.metric, self.k = knn.column, knn.query, knn.metric, knn.k
+        self.filter = knn.filter
+        self.table_schema = knn.table_schema
+        self.primary_key = list(knn.primary_key)
+        self.schema = knn.schema
+
+
+class BruteForceKnnExec(_KnnExec):
     """Exact nearest live rows of some generations and MemTables, searched as one: each level's rows
     that a newer generation replaces are masked before ranking (`ShadowedLevel`), so `top(n)` is
     exactly the `n` nearest rows of the levels that match the filter and no masked row. Positions
     count through the levels in their order."""
 
-    def __init__(
-        self,
-        levels: Sequence[ShadowedLevel],
-        column: str,
-        query: np.ndarray,
-        metric: str,
-        k: int,
-        filter: pc.Expression | None,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
-    ) -> None:
+    def __init__(self, levels: Sequence[ShadowedLevel], knn: KnnQuery) -> None:
+        super().__init__(knn)
         self.levels = list(levels)
-        self.primary_key = list(primary_key)
-        self.score = DISTANCE
-        self.column = column
-        self.query = query
-        self.metric = metric
-        self.k = k
-        self.filter = filter
-        self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
         self._ranked: _Candidates | None = None
 
     def describe(self) -> str:
@@ -374,7 +389,7 @@ class BruteForceKnnExec(RankedExec):
         return rows.take(pa.array(np.argsort(np.concatenate(order))))
 
 
-class LanceKnnExec(RankedExec):
+class LanceKnnExec(_KnnExec):
     """Lance's nearest rows of the base table (through its vector index when it has one)."""
 
     native = True
@@ -382,13 +397,7 @@ class LanceKnnExec(RankedExec):
     def __init__(
         self,
         base: lance.LanceDataset,
-        column: str,
-        query: np.ndarray,
-        metric: str,
-        k: int,
-        filter: pc.Expression | None,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
+        knn: KnnQuery,
         nprobes: int | None = None,
         refine_factor: int | None = None,
         label: str | None = None,
@@ -400,20 +409,12 @@ class LanceKnnExec(RankedExec):
         `indexed_only`: search only the fragments the vector index covers (Lance's `fast_search`;
         a catch-up plan's gap generations stand in for the others), `catchup` says why, for
         `explain`."""
+        super().__init__(knn)
         self.base = base
         self.label = label
         self.catchup = catchup
         self.indexed_only = indexed_only
-        self.score = DISTANCE
-        self.column = column
-        self.query = query
-        self.metric = metric
-        self.k = k
-        self.filter = filter
-        self.table_schema = schema
-        self.primary_key = list(primary_key)
-        self.schema = schema.append(pa.field(DISTANCE, pa.float32()))
-        keys = [schema.field(c) for c in self.primary_key]
+        keys = [self.table_schema.field(c) for c in self.primary_key]
         self._top_schema = pa.schema([*keys, pa.field(POSITION, pa.int64()), self.schema.field(DISTANCE)])
         self.nprobes = nprobes
         self.refine_factor = refine_factor
