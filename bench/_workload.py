@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -143,3 +144,17 @@ def git_state() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
+
+
+def scale_note(base_rows: int) -> str:
+    """What a target's name gets when the run is smaller than the 1M-row workload the DESIGN.md
+    targets are set for (a smaller run is dominated by fixed costs)."""
+    return "" if base_rows >= 1_000_000 else f" (measured at {base_rows:,} base rows)"
+
+
+def targets_markdown(rows: list[dict[str, Any]]) -> str:
+    """The run's target verdicts (`target`, `measured`, `met`) as the Markdown table the benches print."""
+    lines = ["| target (DESIGN.md section 7) | measured (memwal_df SQL) | met |", "|---|---|:-:|"]
+    for r in rows:
+        lines.append(f"| {r['target']} | {r['measured']} | {'yes' if r['met'] else 'NO'} |")
+    return "\n".join(lines)

@@ -68,7 +68,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from _workload import NUM_REGIONS, git_state, make_workload, native_snapshots, scratch_root
+from _workload import (
+    NUM_REGIONS,
+    git_state,
+    make_workload,
+    native_snapshots,
+    scale_note,
+    scratch_root,
+    targets_markdown,
+)
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
 import memwal_df as mw
@@ -439,8 +447,7 @@ def targets(res: Results, base_rows: int) -> list[dict[str, Any]]:
     def add(name: str, value: str, met: bool | None) -> None:
         out.append({"target": name, "measured": value, "met": met})
 
-    # The targets are set for the 1M-row workload; a smaller run is dominated by fixed costs.
-    scale = "" if base_rows >= 1_000_000 else f" (measured at {base_rows:,} base rows)"
+    scale = scale_note(base_rows)
     full, plain = res.get(FULL, SQL), res.get(FULL, PLAIN)
     if full and plain:
         ratio = full.rows_per_s / plain.rows_per_s
@@ -480,13 +487,6 @@ def mismatches(res: Results) -> list[str]:
         if ours is not None and lsm is not None and ours.rows != lsm.rows:
             out.append(f"{op}: memwal_df {ours.rows:,}, Lance LSM {lsm.rows:,}")
     return out
-
-
-def targets_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| target (DESIGN.md section 7) | measured (memwal_df SQL) | met |", "|---|---|:-:|"]
-    for r in rows:
-        lines.append(f"| {r['target']} | {r['measured']} | {'yes' if r['met'] else 'NO'} |")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------
