@@ -19,6 +19,7 @@ from search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, neare
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
 from memwal_df.exec.filter_stale import NewerLevels, level_key_set
+from memwal_df.exec.knn import METRICS
 from memwal_df.exec.ranked import POSITION, RankedExec, TopKExec
 from memwal_df.search import plan_vector_search
 from memwal_df.snapshot import take_snapshot
@@ -128,20 +129,45 @@ def test_memtable_only(tmp_path: Path) -> None:
     lsm.close()
 
 
+@pytest.mark.parametrize("metric", ["l2", "cosine", "dot"])
+def test_exact_over_generations_that_replace_each_other(tmp_path: Path, metric: str) -> None:
+    """Several unmerged generations per region, each replacing and deleting rows of the older ones,
+    searched as one brute-force operator (int8 first pass for l2, float32 for the others)."""
+    lsm = SearchLsm(str(tmp_path / "t"), list(range(100)))
+    lsm.put(list(range(0, 60)), seed=1)
+    lsm.flush()
+    lsm.put(list(range(30, 90)), seed=2)
+    lsm.delete([31, 32, 80, 3])
+    lsm.flush()
+    lsm.put(list(range(50, 70)), seed=3)
+    lsm.delete([1, 2, 51])
+    lsm.flush()
+    lsm.put([5, 6, 52], seed=4)
+    for with_writer in (True, False):
+        truth = lsm.rows(with_writer)
+        for q in QUERIES:
+            for k in (1, 10, 200):
+                got = search(lsm, q, k, with_writer, metric=metric)
+                assert_exact(got, truth, nearest(truth, q, k, metric))
+            got = search(lsm, q, 10, with_writer, metric=metric, filter="category <> 'b'")
+            assert_exact(got, truth, nearest(truth, q, 10, metric, where=lambda r: r["category"] != "b"))
+    lsm.close()
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=HISTORY_OPS, k=st.integers(1, 30), q=st.sampled_from(QUERIES))
+@given(ops=HISTORY_OPS, k=st.integers(1, 30), q=st.sampled_from(QUERIES), metric=st.sampled_from(METRICS))
 def test_hypothesis_histories_never_stale(
-    tmp_path_factory: pytest.TempPathFactory, ops: list[Any], k: int, q: Any
+    tmp_path_factory: pytest.TempPathFactory, ops: list[Any], k: int, q: Any, metric: str
 ) -> None:
     lsm = SearchLsm(str(tmp_path_factory.mktemp("h") / "t"), list(range(40)))
     try:
         lsm.replay(ops)
         truth = lsm.rows()
-        assert_exact(search(lsm, q, k), truth, nearest(truth, q, k))
+        assert_exact(search(lsm, q, k, metric=metric), truth, nearest(truth, q, k, metric))
         assert_exact(
-            search(lsm, q, k, filter="category <> 'b'"),
+            search(lsm, q, k, metric=metric, filter="category <> 'b'"),
             truth,
-            nearest(truth, q, k, where=lambda r: r["category"] != "b"),
+            nearest(truth, q, k, metric, where=lambda r: r["category"] != "b"),
         )
     finally:
         lsm.close()

@@ -322,22 +322,19 @@ class BruteForceKnnExec(_KnnExec):
             vectors = [self._vectors(sl.level) for sl in self.levels]
             offsets = np.cumsum([0] + [len(v.matrix) for v in vectors])
             segments: list[tuple[int, _F32Scores | Sq8Scores]] = []
-            count = 0
             quantized = self._quantized(vectors)
-            if quantized is not None:  # all levels as one segment
+            if quantized is not None:
                 excluded = self._excluded(quantized[1])
-                count = len(excluded) - int(np.count_nonzero(excluded))
-                segments.append((0, quantized[0].scores(self.query, excluded)))
+                segments.append((0, quantized[0].scores(self.query, excluded)))  # all levels as one
             else:
-                for i, (sl, v) in enumerate(zip(self.levels, vectors, strict=True)):
-                    excluded = sl.excluded(v, self.column)
-                    if self.filter is not None:
-                        excluded = excluded | ~filter_mask(sl.level, self.filter)
-                    count += len(excluded) - int(np.count_nonzero(excluded))
+                pairs = zip(self.levels, vectors, strict=True)
+                excluded = self._excluded(np.concatenate([sl.excluded(v, self.column) for sl, v in pairs]))
+                for i, v in enumerate(vectors):
                     approx = np.empty(len(v.matrix), np.float32)
                     bound = v.approximate(self.query, self.metric, approx)
-                    np.copyto(approx, np.inf, where=excluded)
+                    np.copyto(approx, np.inf, where=excluded[offsets[i] : offsets[i + 1]])
                     segments.append((int(offsets[i]), _F32Scores(approx, bound)))
+            count = len(excluded) - int(np.count_nonzero(excluded))
             self._ranked = _Candidates(vectors, segments, offsets, count)
         return self._ranked
 
