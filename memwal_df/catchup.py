@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 
 from memwal_df import memwal_index
 from memwal_df.errors import MemWalError
-from memwal_df.exec._cache import PerObjectCache
+from memwal_df.exec._cache import described_indices
 from memwal_df.exec.dedup import id_ranges
 from memwal_df.exec.keyset import KeySet, key_array
 from memwal_df.snapshot import ImmutableCache, Level, ReadSnapshot
@@ -143,23 +143,11 @@ def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str], vector: bool 
     return Coverage(None, "; ".join(notes) + ": plain plan")
 
 
-_DESCRIBED: PerObjectCache[lance.LanceDataset, dict[tuple[int, bool], list[_Index]]] = PerObjectCache()
-
-
 def _indexes(base: lance.LanceDataset, vector: bool) -> list[_Index]:
     """The base's scalar (or vector) indexes on one column, by name (all segments of an index
-    together); described once per dataset object and version (an index commit through the object,
-    e.g. `create_index`, moves it to a new version)."""
-    described = _DESCRIBED.get(base, dict)
-    key = (base.version, vector)
-    if key not in described:
-        described[key] = _describe(base, vector)
-    return described[key]
-
-
-def _describe(base: lance.LanceDataset, vector: bool) -> list[_Index]:
+    together)."""
     out = []
-    for d in sorted(base.describe_indices(), key=lambda d: d.name):
+    for d in sorted(described_indices(base), key=lambda d: d.name):
         kind_fits = ("VectorIndexDetails" in d.type_url) if vector else d.index_type in SCALAR_INDEX_TYPES
         if not kind_fits or len(d.field_names) != 1 or not d.segments:
             continue

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from memwal_df.catchup import index_coverage
 from memwal_df.errors import InvalidConfigError
-from memwal_df.exec._cache import PerObjectCache
+from memwal_df.exec._cache import described_indices
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
 from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, FtsQuery, GlobalBM25Exec
@@ -144,16 +144,9 @@ def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
     return _Setup(snapshot, regions, flt)
 
 
-_INDEXES: PerObjectCache[lance.LanceDataset, dict[int, list[Any]]] = PerObjectCache()
-
-
 def _index_details(base: lance.LanceDataset, column: str, kind: str) -> dict[str, Any] | None:
-    """The details of the base's index of `kind` (`vector` / `inverted`) on `column`, if any (the
-    indexes of a dataset object are described once per version)."""
-    described = _INDEXES.get(base, dict)
-    if base.version not in described:
-        described[base.version] = base.describe_indices()
-    for index in described[base.version]:
+    """The details of the base's index of `kind` (`vector` / `inverted`) on `column`, if any."""
+    for index in described_indices(base):
         if list(index.field_names) != [column]:
             continue
         is_vector = "VectorIndexDetails" in index.type_url

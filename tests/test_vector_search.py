@@ -277,3 +277,20 @@ def test_topk_overlaps_native_arms_and_keeps_arm_order() -> None:
     assert gen.thread == threading.current_thread().name
     with pytest.raises(OSError, match="base search failed"):
         TopKExec([_Arm([0.1], native=True, fail=True), gen], 3, "_distance", schema).to_table()
+
+
+def test_an_index_created_through_the_tables_own_dataset_object_is_used(tmp_path: Path) -> None:
+    """`create_index` moves a LanceDataset object to a new version in place: index descriptions are
+    kept per object and version, so the next plan over the same object sees the new index."""
+    lsm = SearchLsm(str(tmp_path / "t"), list(range(300)))
+    reader = lsm.reader(with_writer=False)
+    before = "\n".join(plan_vector_search(reader, "vec", QUERIES[0], 10).explain())
+    assert "refine_factor=None" in before  # no index: an exact search of the base
+    ds = reader.table.dataset
+    ds.create_index("vec", "IVF_PQ", num_partitions=2, num_sub_vectors=2)
+    assert reader.table.dataset is ds  # the same object, now at the index's version
+    after = plan_vector_search(reader, "vec", QUERIES[0], 10)
+    assert "refine_factor=1" in "\n".join(after.explain())  # the index's default refine
+    truth = lsm.rows(with_writer=False)
+    assert_fresh(after.to_table(), truth)
+    lsm.close()

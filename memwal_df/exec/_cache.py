@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-__all__ = ["PerObjectCache"]
+if TYPE_CHECKING:
+    import lance
+
+__all__ = ["PerObjectCache", "described_indices"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -44,3 +47,16 @@ class PerObjectCache(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+_DESCRIBED: PerObjectCache[Any, dict[int, list[Any]]] = PerObjectCache()
+
+
+def described_indices(ds: lance.LanceDataset) -> list[Any]:
+    """`ds.describe_indices()`, read once per dataset object and version (an index commit through
+    the object, e.g. `create_index`, moves the object itself to a new version)."""
+    by_version = _DESCRIBED.get(ds, dict)
+    version = ds.version
+    if version not in by_version:
+        by_version[version] = ds.describe_indices()
+    return by_version[version]

@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 from memwal_df import pk_index
 from memwal_df.errors import NotFoundError
 from memwal_df.exec import generation_rows
-from memwal_df.exec._cache import PerObjectCache
+from memwal_df.exec._cache import PerObjectCache, described_indices
 from memwal_df.exec._keys import (
     TOMBSTONE,
     encode_keys,
@@ -108,7 +108,7 @@ def _generation_gone(level: Level) -> bool:
 def _index_on_key(ds: lance.LanceDataset, primary_key: Sequence[str]) -> str | None:
     """`btree index id_idx on id` for the first scalar index on a key column, else None."""
     try:
-        indices = ds.describe_indices()
+        indices = described_indices(ds)
     except (OSError, ValueError):
         return None
     for d in indices:
