@@ -89,6 +89,7 @@ class Table:
                 f"the Lance table at {self.uri} has no MemWAL index ({memwal_index.MEMWAL_INDEX_NAME})"
             )
         self.dataset = ds
+        self._opened_version = ds.version
         self._naming = memwal_index.naming_of(self.storage, ds.version)
         self._session = ds.session()
         self.details = found[0]
@@ -101,8 +102,11 @@ class Table:
 
     def sync(self) -> None:
         """`refresh()` if the base table has a version newer than the open one (one probe: a Lance
-        version never changes once written, so an unchanged number means unchanged state)."""
-        if not self.is_latest(self.dataset.version):
+        version never changes once written, so an unchanged number means unchanged state), or if a
+        commit through `self.dataset` itself (e.g. its `delete`) moved that object to another version
+        in place: readers keep per-object state (key maps, open fragment sessions) that holds for
+        the version the object was opened at, so a moved object is replaced by a new one."""
+        if self.dataset.version != self._opened_version or not self.is_latest(self.dataset.version):
             self.refresh()
 
     def is_latest(self, version: int) -> bool:

@@ -309,3 +309,27 @@ def test_base_freshness_is_one_probe(tmp_path: Path, monkeypatch: pytest.MonkeyP
     snap = take_snapshot(reader, keys=id_keys([1]))
     assert snap.base.version == reader.dataset.version
     assert not reader.is_latest(version)  # an older version: decided by the full probe
+
+
+def test_a_commit_through_the_tables_own_dataset_object_is_seen(tmp_path: Path) -> None:
+    """A commit through `table.dataset` (here a delete and an update) moves that object to a new
+    version in place; the next query replaces it, so the key map and fragment sessions kept for the
+    old version never answer for the new one."""
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, rows(range(N_BASE), "b"), "id", mw.bucket("id", 2))
+    table = mw.MemWalTable(uri)
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", table)
+
+    def lookup(key: int) -> list[dict[str, Any]]:
+        return ctx.sql(f"SELECT id, v FROM t WHERE id = {key}").to_arrow_table().to_pylist()
+
+    assert lookup(5) == [{"id": 5, "v": "b5"}] and lookup(6) == [{"id": 6, "v": "b6"}]  # maps built
+    table.table.dataset.delete("id = 5")
+    table.table.dataset.update({"v": "'u7'"}, where="id = 7")
+    assert lookup(5) == []
+    assert lookup(6) == [{"id": 6, "v": "b6"}]
+    assert lookup(7) == [{"id": 7, "v": "u7"}]
+    assert {r["id"]: r["v"] for r in stored_rows(mw.open_table(uri)).values()} == {
+        r["id"]: r["v"] for r in ctx.sql("SELECT id, v FROM t").to_arrow_table().to_pylist()
+    }

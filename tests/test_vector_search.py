@@ -280,8 +280,9 @@ def test_topk_overlaps_native_arms_and_keeps_arm_order() -> None:
 
 
 def test_an_index_created_through_the_tables_own_dataset_object_is_used(tmp_path: Path) -> None:
-    """`create_index` moves a LanceDataset object to a new version in place: index descriptions are
-    kept per object and version, so the next plan over the same object sees the new index."""
+    """`create_index` moves a LanceDataset object to a new version in place: the next plan still sees
+    the new index (the table re-opens a moved object; index descriptions are kept per object and
+    version)."""
     lsm = SearchLsm(str(tmp_path / "t"), list(range(300)))
     reader = lsm.reader(with_writer=False)
     before = "\n".join(plan_vector_search(reader, "vec", QUERIES[0], 10).explain())
