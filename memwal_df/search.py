@@ -29,7 +29,7 @@ from memwal_df.errors import InvalidConfigError
 from memwal_df.exec._cache import described_indices
 from memwal_df.exec.base import ExecNode, short_id
 from memwal_df.exec.filter_stale import FilterStaleExec, NewerLevels
-from memwal_df.exec.global_bm25 import SCORE, Bm25Exec, FtsQuery, GlobalBM25Exec
+from memwal_df.exec.global_bm25 import Bm25Exec, FtsQuery, GlobalBM25Exec
 from memwal_df.exec.knn import (
     DISTANCE,
     METRICS,
@@ -266,5 +266,4 @@ def plan_fts(
         for i, level in enumerate(region.levels):
             newer = s.newer(region.levels[:i])
             arms.append(Bm25Exec.for_level(level, fts_query, newer, searchable=id(region) in searched))
-    out_schema = schema.append(pa.field(SCORE, pa.float64()))
-    return GlobalBM25Exec(arms, terms, k, out_schema)
+    return GlobalBM25Exec(arms, terms, k, fts_query.schema)

@@ -208,14 +208,19 @@ def _live(index: Terms, newer: NewerLevels, owner: str | None) -> np.ndarray:
 @dataclass(frozen=True)
 class FtsQuery:
     """One full-text search: the `k` live documents that best match `terms` (tokenized with
-    `tokenizer`) in `column`, among the rows that match `filter`, of a table with `schema`."""
+    `tokenizer`) in `column`, among the rows that match `filter`, of a table with `table_schema`."""
 
     column: str
     tokenizer: Tokenizer
     terms: tuple[str, ...]
     k: int
     filter: pc.Expression | None
-    schema: pa.Schema
+    table_schema: pa.Schema
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The output schema: the table's columns, then `_score`."""
+        return self.table_schema.append(pa.field(SCORE, pa.float64()))
 
 
 class Bm25Exec(RankedExec):
@@ -261,7 +266,7 @@ class Bm25Exec(RankedExec):
             return base.take(pa.array(positions, pa.int64()), columns=list(columns))
 
         label = f"base v{base.version}, live = not in {newer.describe()}"
-        return cls(label, index, q.terms, q.k, live, live, take, q.schema, q.filter)
+        return cls(label, index, q.terms, q.k, live, live, take, q.table_schema, q.filter)
 
     @classmethod
     def for_level(cls, level: Level, q: FtsQuery, newer: NewerLevels, searchable: bool = True) -> Bm25Exec:
@@ -290,7 +295,7 @@ class Bm25Exec(RankedExec):
 
         where = f"{level.kind} {level.generation} of region {short_id(level.region_id)}"
         label = f"{where}, live = not in {newer.describe()}" + ("" if searchable else " (statistics only)")
-        return cls(label, index, q.terms, q.k, live, eligible, take, q.schema)
+        return cls(label, index, q.terms, q.k, live, eligible, take, q.table_schema)
 
     def describe(self) -> str:
         f = "" if self.post_filter is None else f", filter={self.post_filter}"
