@@ -4,6 +4,8 @@ schema checks and `test_wal.py` / `test_manifest.py`'s decoders):
 * null and duplicate keys in one batch, wrong schemas on the routed and the region writer, deletes
   with wrong keys: rejected with typed errors before any region receives a row, or resolved exactly
   (the last row of a key wins, through flush and merge: the base keeps unique keys);
+* puts lacking a column (every input kind), vectors of another dimension, lists of strings for
+  vectors, malformed region ids: typed errors naming the column or argument, nothing written;
 * keys of every Arrow type Lance 14 accepts as a primary key, with their edge values, through put,
   delete, crash + replay, flush, merge and the SQL reader;
 * corrupt or truncated WAL entries and manifests: every entry point (claim, recover, status, the SQL
@@ -164,6 +166,125 @@ def test_bad_deletes_are_typed_errors(tmp_path, keys, error):
     with table.writer() as w, pytest.raises(error):
         w.delete(keys)
     assert stored_rows(table) == BASE
+
+
+# ---------------------------------------------------------------------------------------------------
+# Whole rows only: a put lacking a column, vectors of another dimension, malformed region ids
+# ---------------------------------------------------------------------------------------------------
+
+DIM = 3
+VEC_TYPE = pa.list_(pa.float32(), DIM)
+
+
+def vec_table(uri: str, options: dict[str, str] | None, spec: bool) -> mw.Table:
+    """A table with a nullable vector column, three base rows, bucketed by `id` if `spec`."""
+    base = pa.table(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "v": ["b1", "b2", "b3"],
+            "vec": pa.array([[k, 0.5, -1.0] for k in (1, 2, 3)], VEC_TYPE),
+        }
+    )
+    return mw.create_table(
+        uri, base, "id", region_spec=mw.bucket("id", 4) if spec else None, storage_options=options
+    )
+
+
+VEC_BASE = {k: {"id": k, "v": f"b{k}", "vec": [float(k), 0.5, -1.0]} for k in (1, 2, 3)}
+PARTIAL = pa.table({"id": pa.array([2, 5, 6, 7, 8], pa.int64()), "v": ["x", "y", "z", "w", "u"]})
+PARTIAL_INPUTS = {
+    "table": lambda: PARTIAL,
+    "record_batch": lambda: PARTIAL.to_batches()[0],
+    "reader": lambda: pa.RecordBatchReader.from_batches(PARTIAL.schema, PARTIAL.to_batches(max_chunksize=2)),
+    "pandas": lambda: PARTIAL.to_pandas(),
+    "dict": lambda: PARTIAL.to_pydict(),
+    "rows": lambda: PARTIAL.to_pylist(),
+}
+
+
+def open_writer(table: mw.Table, kind: str) -> Any:
+    """The routed writer (`routed`) or a region writer of a table without a spec (`region`)."""
+    return table.writer() if kind == "routed" else table.region_writer(uuid.uuid4())
+
+
+def recovered_rows(table: mw.Table, w: Any) -> dict[Any, dict[str, Any]]:
+    """The table's rows after `w` crashed (aborted) and its regions were recovered: whatever reached
+    the WAL is in them."""
+    w.abort()
+    table.recover()
+    return stored_rows(table)
+
+
+@pytest.mark.parametrize("writer", ["routed", "region"])
+@pytest.mark.parametrize("kind", list(PARTIAL_INPUTS))
+def test_a_put_lacking_a_column_is_refused_and_writes_nothing(table_uri, table_storage_options, writer, kind):
+    """A put replaces whole rows, so data without the (nullable) vector column would erase the vectors
+    of the keys it names: it is refused with `MissingColumnsError` naming the column, for every input
+    kind (a RecordBatchReader before its first batch is read) and both writers, and no region
+    receives a row, not even in its WAL."""
+    table = vec_table(table_uri, table_storage_options, spec=writer == "routed")
+    w = open_writer(table, writer)
+    data = PARTIAL_INPUTS[kind]()
+    with pytest.raises(errors.MissingColumnsError, match=r"lacks the columns of the table \['vec'\]") as e:
+        w.put(data)
+    assert e.value.columns == ("vec",) and isinstance(e.value, errors.SchemaMismatchError)
+    if kind == "reader":
+        assert data.read_all().num_rows == PARTIAL.num_rows  # not a batch was consumed
+    assert recovered_rows(table, w) == VEC_BASE
+
+
+def test_a_put_with_explicit_nulls_clears_a_column(tmp_path):
+    """The way to clear a column: give it, with NULLs."""
+    table = vec_table(str(tmp_path / "t"), None, spec=True)
+    with table.writer() as w:
+        w.put(PARTIAL.append_column("vec", pa.nulls(PARTIAL.num_rows, VEC_TYPE)))
+        w.delete(PARTIAL.select(["id"]).slice(4))  # deletes need the key columns only
+    want = {**VEC_BASE, **{r["id"]: {**r, "vec": None} for r in PARTIAL.slice(0, 4).to_pylist()}}
+    assert stored_rows(table) == want == sql_rows(table.uri, None)
+
+
+@pytest.mark.parametrize("writer", ["routed", "region"])
+@pytest.mark.parametrize(
+    "vec, given",
+    [
+        (pa.array([[1, 2]] * 5, pa.list_(pa.float32(), 2)), "2"),  # a fixed-size list of another size
+        (pa.array([[1, 2, 3, 4]] * 5, pa.list_(pa.float32())), "4"),
+        (pa.array([[1, 2, 3]] * 4 + [[1, 2, 3, 4, 5]], pa.list_(pa.float64())), "5"),  # one ragged row
+        (pa.array([[1, 2], None, [1, 2, 3], [1], [1, 2, 3]], pa.large_list(pa.float32())), "1 / 2"),
+    ],
+    ids=["fixed-2", "list-4", "ragged-5", "ragged-1-2"],
+)
+def test_vectors_of_another_dimension_are_refused_naming_both(tmp_path, writer, vec, given):
+    """A vector column given lists of another length (or of mixed lengths) is refused with
+    `SchemaMismatchError` naming the column, the table's dimension and the given one(s)."""
+    table = vec_table(str(tmp_path / "t"), None, spec=writer == "routed")
+    w = open_writer(table, writer)
+    with pytest.raises(
+        errors.SchemaMismatchError,
+        match=rf"column 'vec' holds vectors of dimension {DIM}; the data has lists of {given} values",
+    ):
+        w.put(PARTIAL.append_column("vec", vec))
+    assert recovered_rows(table, w) == VEC_BASE
+
+
+@pytest.mark.parametrize("writer", ["routed", "region"])
+def test_lists_of_strings_are_no_vectors(tmp_path, writer):
+    """List columns convert only if their values do: strings that look like numbers are refused."""
+    table = vec_table(str(tmp_path / "t"), None, spec=writer == "routed")
+    w = open_writer(table, writer)
+    with pytest.raises(errors.SchemaMismatchError, match="column 'vec' has type list<item: string>"):
+        w.put(PARTIAL.append_column("vec", pa.array([["1", "2", "3"]] * PARTIAL.num_rows)))
+    assert recovered_rows(table, w) == VEC_BASE
+
+
+@pytest.mark.parametrize("region_id", ["not-a-uuid", "", 42, None])
+def test_a_malformed_region_id_is_a_typed_error_naming_the_argument(tmp_path, region_id):
+    table = vec_table(str(tmp_path / "t"), None, spec=False)
+    with pytest.raises(
+        errors.InvalidArgumentError, match=rf"^region_id must be a region id.*got {region_id!r}$"
+    ):
+        table.region_writer(region_id)
+    assert table.region_ids() == []
 
 
 # ---------------------------------------------------------------------------------------------------
