@@ -217,7 +217,9 @@ def recovered_rows(table: mw.Table, w: Any) -> dict[Any, dict[str, Any]]:
 
 @pytest.mark.parametrize("writer", ["routed", "region"])
 @pytest.mark.parametrize("kind", list(PARTIAL_INPUTS))
-def test_a_put_lacking_a_column_is_refused_and_writes_nothing(table_uri, table_storage_options, writer, kind):
+def test_a_put_lacking_a_column_is_refused_and_writes_nothing(
+    request, table_uri, table_storage_options, writer, kind
+):
     """A put replaces whole rows, so data without the (nullable) vector column would erase the vectors
     of the keys it names: it is refused with `MissingColumnsError` naming the column, for every input
     kind (a RecordBatchReader before its first batch is read) and both writers, and no region
@@ -231,6 +233,7 @@ def test_a_put_lacking_a_column_is_refused_and_writes_nothing(table_uri, table_s
     if kind == "reader":
         assert data.read_all().num_rows == PARTIAL.num_rows  # not a batch was consumed
     assert recovered_rows(table, w) == VEC_BASE
+    record(GUARANTEE, case_name(request), refused_puts=1, rows_checked=len(VEC_BASE))
 
 
 def test_a_put_with_explicit_nulls_clears_a_column(tmp_path):
@@ -241,6 +244,28 @@ def test_a_put_with_explicit_nulls_clears_a_column(tmp_path):
         w.delete(PARTIAL.select(["id"]).slice(4))  # deletes need the key columns only
     want = {**VEC_BASE, **{r["id"]: {**r, "vec": None} for r in PARTIAL.slice(0, 4).to_pylist()}}
     assert stored_rows(table) == want == sql_rows(table.uri, None)
+
+
+def test_spark_writes_check_columns_as_the_table_writer(tmp_path):
+    """The Spark write paths use the table writer's checks (no Spark session needed here): the
+    driver's check of a DataFrame's columns and a task's staging of unrouted rows refuse data
+    lacking a column, naming it, and stage nothing."""
+    pytest.importorskip("pyspark")
+    from memwal_df.spark.routing import check_routable
+    from memwal_df.spark.staging import RegionStage, stage_batches
+
+    table = vec_table(str(tmp_path / "t"), None, spec=True)
+    with pytest.raises(errors.MissingColumnsError, match=r"\['vec'\]"):
+        check_routable(table, PARTIAL.column_names, keys_only=False)
+    with pytest.raises(errors.MissingColumnsError, match=r"\['id'\]"):
+        check_routable(table, [], keys_only=True)
+    with pytest.raises(errors.SchemaMismatchError, match=r"not in the primary key: \['v'\]"):
+        check_routable(table, ["id", "v"], keys_only=True)
+    check_routable(table, ["vec", "id", "v"], keys_only=False)
+    with RegionStage(table.schema.schema, 1 << 20) as stage:
+        with pytest.raises(errors.MissingColumnsError, match=r"\['vec'\]"):
+            stage_batches(table, PARTIAL.to_batches(), "upsert", stage)
+        assert stage.regions == []
 
 
 @pytest.mark.parametrize("writer", ["routed", "region"])
