@@ -214,7 +214,7 @@ class RegionWriter:
     def _conform_replayed(self, batch: pa.RecordBatch, position: int) -> pa.RecordBatch:
         try:
             return batch.replace_schema_metadata(None).cast(self.ctx.schema.wal)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError) as e:
             raise CorruptWalEntryError(
                 f"WAL entry {position} does not match the table schema ({e})", self._wal.path(position)
             ) from e

@@ -37,6 +37,7 @@ from wal_oracle import apply_rows
 
 import memwal_df as mw
 from memwal_df import errors, layout
+from memwal_df.wal import Wal, encode_entry, wal_schema
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
 GUARANTEE = "bad input never corrupts a table; nothing corrupt is read"
@@ -290,6 +291,27 @@ def test_vectors_of_another_dimension_are_refused_naming_both(tmp_path, writer, 
     ):
         w.put(PARTIAL.append_column("vec", vec))
     assert recovered_rows(table, w) == VEC_BASE
+
+
+def test_a_wal_entry_with_vectors_of_another_dimension_is_corrupt(tmp_path):
+    """A WAL entry (written by another program) whose vectors have another dimension than the
+    table's is a `CorruptWalEntryError` naming the file when a writer claims the region."""
+    table = vec_table(str(tmp_path / "t"), None, spec=False)
+    region = uuid.uuid4()
+    table.region_writer(region).close()
+    other = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), ("v", pa.string()), ("vec", pa.list_(pa.float32(), 2))]
+    )
+    rows = pa.RecordBatch.from_pydict(
+        {"id": [9], "v": ["x"], "vec": [[1.0, 2.0]], "_tombstone": [False]},
+        schema=wal_schema(other, table.schema.field_ids),
+    )
+    m = table.region_status(region)
+    position = m.wal_entry_position_last_seen + 1
+    Wal(table.storage, region).append(position, encode_entry([rows], m.writer_epoch, m.current_generation))
+    with pytest.raises(errors.CorruptWalEntryError, match="does not match the table schema") as e:
+        table.region_writer(region)
+    assert e.value.path == layout.wal_path(region, position)
 
 
 @pytest.mark.parametrize("writer", ["routed", "region"])
