@@ -165,7 +165,7 @@ def _convert(col: pa.ChunkedArray, f: pa.Field) -> pa.ChunkedArray:
         return col
     if not _compatible(col.type, f.type):
         raise SchemaMismatchError(f"column {f.name!r} has type {col.type}, the table has {f.type}")
-    if pa.types.is_fixed_size_list(f.type):
+    if pa.types.is_fixed_size_list(f.type) and _is_list(col.type):  # (not a column of NULLs)
         _check_dimension(col, f)
     try:
         return col.cast(f.type, safe=True)

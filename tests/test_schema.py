@@ -218,6 +218,7 @@ def test_conform_rejects_incompatible_types(src: pa.Array, dst: pa.DataType) -> 
         (pa.array([None, None]), pa.int64()),  # an all-NULL column of type null
         (pa.array([None]), pa.list_(pa.utf8())),
         (pa.array([[1.5, -2.0], None, [0.0, 3.0]]), pa.list_(pa.float32(), 2)),  # vectors, one NULL
+        (pa.array([None, None]), pa.list_(pa.float32(), 2)),  # no vectors at all (e.g. a dict of Nones)
         (pa.array([[1, 2]], pa.large_list(pa.int32())), pa.list_(pa.float32(), 2)),
     ],
     ids=lambda v: str(v.type) if isinstance(v, pa.Array) else str(v),
