@@ -11,8 +11,18 @@ class SchemaMismatchError(MemWalError, ValueError):
     """Data whose schema does not match the table's (missing, extra or differently typed columns)."""
 
 
+class MissingColumnsError(SchemaMismatchError):
+    """Input that lacks columns the operation needs: a put needs every column of the table (it
+    replaces whole rows), a delete or lookup every primary-key column. `columns` names them."""
+
+    def __init__(self, message: str, columns: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.columns = columns
+
+
 class InvalidArgumentError(MemWalError, ValueError):
-    """A command-line argument that cannot be parsed (schema text, region spec text, `key=value`)."""
+    """An argument that cannot be parsed: command-line text (schema, region spec, `key=value`) or an
+    API argument of the wrong form (a region id that is not a UUID)."""
 
 
 class NullPrimaryKeyError(MemWalError, ValueError):

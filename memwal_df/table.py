@@ -158,7 +158,7 @@ class Table:
         **settings: Any,
     ) -> RegionWriter:
         """Claim region `region_id` (creating it if needed) and return its writer."""
-        region_id = uuid.UUID(str(region_id))
+        region_id = layout.parse_region_id(region_id)
         m = RegionManifestStore(self.storage, region_id).latest()
         values = self.region_values(m) if m is not None else None
         entries = {e.field_id: e.value for e in m.shard_field_entries} if m is not None and values else {}

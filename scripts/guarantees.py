@@ -43,10 +43,12 @@ GUARANTEES = {
         "skipped. A torn or vanishing `version_hint.json` is harmless: readers and writers probe past it."
     ),
     "bad input never corrupts a table; nothing corrupt is read": (
-        "Wrongly typed, misnamed, lossy or NULL keys and values are typed errors before any region "
-        "receives a row; duplicate keys in one batch resolve to the last row through flush and merge (the "
-        "base keeps one row per key); every primary-key type Lance 14 accepts round-trips through put, "
-        "delete, crash + replay, flush, merge and the SQL reader; a corrupt WAL entry or manifest makes "
+        "Wrongly typed, misnamed, lossy or NULL keys and values, puts lacking a column (a put replaces "
+        "whole rows) and vectors of another dimension are typed errors naming the column before any "
+        "region receives a row (not even its WAL); duplicate keys in one batch resolve to the last row "
+        "through flush and merge (the base keeps one row per key); every primary-key type Lance 14 "
+        "accepts round-trips through put, delete, crash + replay, flush, merge and the SQL reader; a "
+        "corrupt WAL entry or manifest makes "
         "every entry point fail with the typed error naming the file (claim, recover, routed write; for "
         "a manifest also status, merge, GC, index build, and SQL through DataFusion's wrapper); foreign "
         "files in the table directory are ignored and kept; a put of hundreds of MB is written with a "
