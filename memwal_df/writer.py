@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.errors import RegionRoutingError
+from memwal_df.errors import CorruptManifestError, CorruptWalEntryError, MemWalError, RegionRoutingError
 from memwal_df.region import RegionWriter, WriterConfig
 from memwal_df.region_spec import RegionSpec
 from memwal_df.schema import check_keys, check_not_null, conform, iter_tables, keys_table, tombstone_rows
@@ -51,7 +51,11 @@ class TableWriter:
         self._closed = False
 
     def put(self, data: Any) -> None:
-        """Upsert rows, routed to their regions."""
+        """Upsert rows, routed to their regions.
+
+        Rows of a region whose manifest or WAL entry cannot be decoded are refused: the rows of the
+        other regions are written, then that region's `CorruptWalEntryError` / `CorruptManifestError`
+        (naming the file) is raised, with a note per further refused region."""
         ts = self.table.schema
         for chunk in iter_tables(data, self.config.max_memtable_rows):
             table = conform(chunk, ts.schema)
@@ -81,13 +85,32 @@ class TableWriter:
     def _write_parts(self, parts: list[tuple[tuple[Any, ...], pa.Table]], deleted: bool) -> None:
         """Hand each region its rows. Durable regions write (and fsync) concurrently; non-durable
         writes only buffer, which is faster in this thread than handed to others."""
-        writers = [self._writer(values) for values, _ in parts]
-        calls = [(w._put_routed, (rows, deleted)) for w, (_, rows) in zip(writers, parts, strict=True)]
+        writers, unavailable = self._open([values for values, _ in parts])
+        calls = [
+            (w._put_routed, (rows, deleted))
+            for w, (_, rows) in zip(writers, parts, strict=True)
+            if w is not None
+        ]
         if self.config.durable_write:
             self._run(calls)
         else:
             for fn, args in calls:
                 fn(*args)
+        if unavailable:
+            raise _refused(unavailable, deleted)
+
+    def _open(self, values: list[tuple[Any, ...]]) -> tuple[list[RegionWriter | None], list[MemWalError]]:
+        """The writer of each region (None where the region's manifest or WAL entry cannot be
+        decoded, so it cannot be claimed) and those regions' errors."""
+        writers: list[RegionWriter | None] = []
+        errors: list[MemWalError] = []
+        for v in values:
+            try:
+                writers.append(self._writer(v))
+            except (CorruptManifestError, CorruptWalEntryError) as e:
+                writers.append(None)
+                errors.append(e)
+        return writers, errors
 
     def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
         """Run the calls (one per region) concurrently, the first in this thread; raise the first
@@ -155,6 +178,19 @@ class TableWriter:
 
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
         return group_by_region(self.spec, self.table.schema.field_ids, table)
+
+
+def _refused(errors: list[MemWalError], deleted: bool) -> MemWalError:
+    """The first error of the regions that refused rows, noting the others and what was written."""
+    first = errors[0]
+    for e in errors[1:]:
+        first.add_note(f"also refused: {e}")
+    what = "deletes" if deleted else "rows"
+    first.add_note(
+        f"the {what} of the {len(errors)} region(s) named here were not written; those of every other "
+        "region were (see `memwal repair` in docs/operations.md)"
+    )
+    return first
 
 
 def group_by_region(
