@@ -24,6 +24,7 @@ import lance
 import pyarrow as pa
 import pytest
 from cases import backend, cases
+from figures import case_name, record
 
 import memwal_df as mw
 from memwal_df import errors, layout, memwal_index
@@ -31,6 +32,7 @@ from memwal_df.cli import Exit, main
 from memwal_df.wal import Wal
 
 KEYS = range(40)
+GUARANTEE = "a corrupt region stays one region's problem"
 
 
 def _table(uri: str, options: dict[str, str] | None) -> mw.Table:
@@ -91,7 +93,7 @@ def _cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_recover_replays_healthy_regions_past_a_corrupt_wal_entry(tmp_path):
+def test_recover_replays_healthy_regions_past_a_corrupt_wal_entry(request, tmp_path):
     table = _table(str(tmp_path / "t"), None)
     bad, *good = table.region_ids()
     (position,) = _unflushed(table, bad, _rows(_keys_of(table, bad)[:2], "lost"))
@@ -112,9 +114,12 @@ def test_recover_replays_healthy_regions_past_a_corrupt_wal_entry(tmp_path):
     for region_id in good:
         status = table.region_status(region_id)
         assert status.replay_after_wal_entry_position >= status.wal_entry_position_last_seen - 1
+    record(
+        GUARANTEE, case_name(request), corrupt_files=1, regions_recovered=len(good), rows_checked=len(seen)
+    )
 
 
-def test_recover_skips_a_region_whose_manifest_is_corrupt(tmp_path):
+def test_recover_skips_a_region_whose_manifest_is_corrupt(request, tmp_path):
     table = _table(str(tmp_path / "t"), None)
     bad, good = table.region_ids()[:2]
     _unflushed(table, good, _rows(_keys_of(table, good)[:2], "w"))
@@ -124,9 +129,10 @@ def test_recover_skips_a_region_whose_manifest_is_corrupt(tmp_path):
         table.recover()
     assert e.value.errors[bad].path == path
     assert e.value.result == [good]
+    record(GUARANTEE, case_name(request), corrupt_files=1, regions_recovered=1)
 
 
-def test_routed_write_stores_healthy_regions_and_refuses_the_corrupt_one(tmp_path):
+def test_routed_write_stores_healthy_regions_and_refuses_the_corrupt_one(request, tmp_path):
     table = _table(str(tmp_path / "t"), None)
     bad = table.region_ids()[0]
     (position,) = _unflushed(table, bad, _rows(_keys_of(table, bad)[:1], "x"))
@@ -144,10 +150,11 @@ def test_routed_write_stores_healthy_regions_and_refuses_the_corrupt_one(tmp_pat
     seen = _sql(table.uri, None, "SELECT * FROM t")
     assert {k: seen[k] for k in healthy} == {k: f"new{k}" for k in healthy}
     assert all(seen[k] == f"g{k}" for k in _keys_of(table, bad))  # the refused rows were not written
+    record(GUARANTEE, case_name(request), corrupt_files=1, rows_checked=len(seen))
 
 
 @pytest.mark.parametrize("what", ["wal", "manifest"])
-def test_status_lists_each_corrupt_region_file_and_error(tmp_path, capsys, what):
+def test_status_lists_each_corrupt_region_file_and_error(request, tmp_path, capsys, what):
     table = _table(str(tmp_path / "t"), None)
     bad = table.region_ids()[0]
     (position,) = _unflushed(table, bad, _rows(_keys_of(table, bad)[:1], "x"))
@@ -169,9 +176,10 @@ def test_status_lists_each_corrupt_region_file_and_error(tmp_path, capsys, what)
     assert code == Exit.OK
     (listed_json,) = json.loads(out)["corrupt_regions"]
     assert listed_json["region_id"] == str(bad) and listed_json["path"] == path
+    record(GUARANTEE, case_name(request), corrupt_files=1, entry_points_checked=3)
 
 
-def test_maintain_and_jobs_go_on_for_healthy_regions(tmp_path, capsys):
+def test_maintain_and_jobs_go_on_for_healthy_regions(request, tmp_path, capsys):
     table = _table(str(tmp_path / "t"), None)
     bad = table.region_ids()[0]
     path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
@@ -192,6 +200,7 @@ def test_maintain_and_jobs_go_on_for_healthy_regions(tmp_path, capsys):
     assert code == Exit.FAILED and "skipped 1 corrupt region" in out and path in out
     code, out = _cli(capsys, "recover", table.uri, "--json")
     assert code == Exit.FAILED and json.loads(out)["corrupt_regions"][str(bad)].endswith(path)
+    record(GUARANTEE, case_name(request), corrupt_files=1, entry_points_checked=7)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -221,6 +230,7 @@ def test_corrupt_manifest_fails_only_queries_that_need_the_region(request, tmp_p
     with pytest.raises(errors.CorruptManifestError) as e:
         lookup.to_table(filter=None)
     assert e.value.path == path
+    record(GUARANTEE, case_name(request), corrupt_files=1, queries_checked=6)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -276,9 +286,10 @@ def test_repair_sets_a_corrupt_trailing_entry_aside(request, tmp_path, capsys, k
         lance.dataset(uri).mem_wal_writer(str(bad)).close()
     seen = _sql(uri, options, "SELECT * FROM t")
     assert {k: seen[k] for k in keys[2:4]} == {k: f"after{k}" for k in keys[2:4]}
+    record(GUARANTEE, case_name(request), corrupt_files=1, entries_set_aside=1, rows_checked=len(seen))
 
 
-def test_repair_refuses_a_corrupt_middle_entry_unless_told_to_discard_later_ones(tmp_path, capsys):
+def test_repair_refuses_a_corrupt_middle_entry_unless_told_to_discard_later_ones(request, tmp_path, capsys):
     table = _table(str(tmp_path / "t"), None)
     bad = table.region_ids()[0]
     keys = _keys_of(table, bad)
@@ -304,9 +315,10 @@ def test_repair_refuses_a_corrupt_middle_entry_unless_told_to_discard_later_ones
         w.put(_rows(keys[:5], "c"))
     seen = _sql(table.uri, None, "SELECT * FROM t")
     assert {k: seen[k] for k in keys[:5]} == {k: f"c{k}" for k in keys[:5]}
+    record(GUARANTEE, case_name(request), corrupt_files=1, entries_set_aside=2, rows_checked=len(seen))
 
 
-def test_repair_of_a_healthy_region_changes_nothing(tmp_path, capsys):
+def test_repair_of_a_healthy_region_changes_nothing(request, tmp_path, capsys):
     table = _table(str(tmp_path / "t"), None)
     region_id = table.region_ids()[0]
     _unflushed(table, region_id, _rows(_keys_of(table, region_id)[:1], "x"))
@@ -316,3 +328,4 @@ def test_repair_of_a_healthy_region_changes_nothing(tmp_path, capsys):
     assert _listing(table, region_id) == before
     code, out = _cli(capsys, "repair", table.uri, "--region", "not-a-uuid")
     assert code == Exit.USAGE and "--region" in out
+    record(GUARANTEE, case_name(request), regions_checked=1)
