@@ -580,8 +580,9 @@ class PinnedSnapshot:
 
 
 def pin(snapshot: ReadSnapshot) -> PinnedSnapshot:
-    """`snapshot` as plain data; MemTable levels cannot be pinned (they live in one process)."""
-    if any(lv.kind != "generation" for lv in snapshot.levels):
+    """`snapshot` as plain data; MemTable levels cannot be pinned (they live in one process).
+    Unreadable regions are left out: plan the snapshot first, which raises for one the query needs."""
+    if any(lv.kind != "generation" for r in snapshot.regions for lv in r.levels):
         raise InvalidConfigError("a snapshot with MemTable levels cannot be pinned")
 
     def gens(levels: list[Level]) -> tuple[tuple[int, str], ...]:

@@ -22,6 +22,7 @@ from typing import Any
 import datafusion
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from cases import backend, cases
 from figures import case_name, record
@@ -29,6 +30,9 @@ from figures import case_name, record
 import memwal_df as mw
 from memwal_df import errors, layout, memwal_index
 from memwal_df.cli import Exit, main
+from memwal_df.planner import plan_scan
+from memwal_df.predicate import column_predicates
+from memwal_df.snapshot import pin, restore, take_snapshot
 from memwal_df.wal import Wal
 
 KEYS = range(40)
@@ -231,6 +235,28 @@ def test_corrupt_manifest_fails_only_queries_that_need_the_region(request, tmp_p
         lookup.to_table(filter=None)
     assert e.value.path == path
     record(GUARANTEE, case_name(request), corrupt_files=1, queries_checked=6)
+
+
+def test_pinned_scan_leaves_out_an_unreadable_region_its_filter_prunes(request, tmp_path):
+    """The scan plan Spark distributes: planned on the driver, pinned, restored and planned again in
+    each task."""
+    table = _table(str(tmp_path / "t"), None)
+    bad, good = table.region_ids()[:2]
+    g = _keys_of(table, good)[0]
+    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    _corrupt(table, path)
+    reader = mw.open_table(table.uri)
+    snapshot = take_snapshot(reader)
+    with pytest.raises(errors.CorruptManifestError) as e:  # every region is needed
+        plan_scan(snapshot, reader.specs, None, {})
+    assert e.value.path == path
+    flt = pc.field("id") == g
+    driver = plan_scan(snapshot, reader.specs, flt, column_predicates(flt))
+    task = plan_scan(restore(reader, pin(snapshot)), reader.specs, flt, column_predicates(flt))
+    assert [p.label for p in task] == [p.label for p in driver]
+    rows = [r for p in task for b in p.make(["id", "v"]).execute() for r in b.to_pylist()]
+    assert rows == [{"id": g, "v": f"g{g}"}]
+    record(GUARANTEE, case_name(request), corrupt_files=1, rows_checked=len(rows))
 
 
 # ---------------------------------------------------------------------------------------------------
