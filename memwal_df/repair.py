@@ -1,7 +1,7 @@
 """Finding corrupt region files, and the operator's repair: setting corrupt WAL entries aside.
 
-`region_problem` tells whether a region's latest manifest or its unreplayed WAL entries (those after
-`replay_after_wal_entry_position`, which a claiming writer replays) cannot be decoded. `repair_region`
+`wal_problem` tells whether a region's unreplayed WAL entries (those after
+`replay_after_wal_entry_position`, which a claiming writer replays) can all be decoded. `repair_region`
 plans, and with `apply=True` performs, the repair of a corrupt WAL:
 
 * A corrupt TRAILING entry (the highest position) is typically a torn last write. It is moved to
@@ -78,15 +78,15 @@ class RegionProblem:
     error: str
 
 
-def region_problem(storage: Storage, region_id: uuid.UUID) -> RegionProblem | None:
-    """The first corrupt file among the region's latest manifest and unreplayed WAL entries, or None."""
+def manifest_problem(region_id: uuid.UUID, error: CorruptManifestError) -> RegionProblem:
+    return RegionProblem(region_id, "manifest", error.path, str(error))
+
+
+def wal_problem(storage: Storage, region_id: uuid.UUID, replay_after: int) -> RegionProblem | None:
+    """The first WAL entry after `replay_after` (the entries a claiming writer replays) that cannot
+    be decoded, or None."""
     try:
-        m = RegionManifestStore(storage, region_id).latest()
-    except CorruptManifestError as e:
-        return RegionProblem(region_id, "manifest", e.path, str(e))
-    try:
-        if m is not None:
-            _check_wal(Wal(storage, region_id), m.replay_after_wal_entry_position)
+        _check_wal(Wal(storage, region_id), replay_after)
     except CorruptWalEntryError as e:
         return RegionProblem(region_id, "wal", e.path, str(e))
     return None

@@ -297,12 +297,17 @@ class Table:
         self.refresh()
         regions, corrupt = [], []
         for region_id in self.region_ids():
-            problem = _repair.region_problem(self.storage, region_id)
+            try:
+                s = self.region_status(region_id)
+            except CorruptManifestError as e:
+                corrupt.append(_repair.manifest_problem(region_id, e))
+                continue
+            if s is None:
+                continue
+            regions.append(s)
+            problem = _repair.wal_problem(self.storage, region_id, s.replay_after_wal_entry_position)
             if problem is not None:
                 corrupt.append(problem)
-            if problem is None or problem.kind == "wal":  # the manifest is readable
-                if (s := self.region_status(region_id)) is not None:
-                    regions.append(s)
         return {
             "uri": self.uri,
             "base_version": self.dataset.version,

@@ -136,24 +136,40 @@ def test_recover_skips_a_region_whose_manifest_is_corrupt(request, tmp_path):
     record(GUARANTEE, case_name(request), corrupt_files=1, regions_recovered=1)
 
 
-def test_routed_write_stores_healthy_regions_and_refuses_the_corrupt_one(request, tmp_path):
+@pytest.mark.parametrize("what", ["wal", "manifest"])
+def test_routed_write_stores_healthy_regions_and_refuses_the_corrupt_one(request, tmp_path, capsys, what):
     table = _table(str(tmp_path / "t"), None)
     bad = table.region_ids()[0]
-    (position,) = _unflushed(table, bad, _rows(_keys_of(table, bad)[:1], "x"))
-    path = layout.wal_path(bad, position)
+    refused = _keys_of(table, bad)
+    healthy = [k for k in KEYS if k not in refused]
+    (position,) = _unflushed(table, bad, _rows(refused[:1], "x"))
+    manifest = table.region_status(bad).manifest_version
+    path = layout.wal_path(bad, position) if what == "wal" else layout.manifest_path(bad, manifest)
     _corrupt(table, path)
+    expected = errors.CorruptWalEntryError if what == "wal" else errors.CorruptManifestError
     w = table.writer()
-    with pytest.raises(errors.CorruptWalEntryError) as e:
+    with pytest.raises(expected) as e:
         w.put(_rows(KEYS, "new"))
     assert e.value.path == path and str(bad) in str(e.value)
     assert any("were not written" in n for n in e.value.__notes__)
+    with pytest.raises(expected):
+        w.delete(pa.array([refused[0], healthy[0]], pa.int64()))
     w.abort()  # a crash: only what is durable in the WAL survives
-    healthy = [k for k in KEYS if k not in _keys_of(table, bad)]
     with pytest.raises(errors.CorruptRegionsError):
         mw.open_table(table.uri).recover()
-    seen = _sql(table.uri, None, "SELECT * FROM t")
-    assert {k: seen[k] for k in healthy} == {k: f"new{k}" for k in healthy}
-    assert all(seen[k] == f"g{k}" for k in _keys_of(table, bad))  # the refused rows were not written
+    listed = ", ".join(map(str, healthy))
+    seen = _sql(table.uri, None, f"SELECT * FROM t WHERE id IN ({listed})")  # prunes the corrupt region
+    assert seen == {k: f"new{k}" for k in healthy[1:]}  # healthy[0] was deleted
+    if what == "wal":
+        listed = ", ".join(map(str, refused))
+        assert _sql(table.uri, None, f"SELECT * FROM t WHERE id IN ({listed})") == {
+            k: f"g{k}" for k in refused
+        }
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text("id,v\n" + "".join(f"{k},cli{k}\n" for k in KEYS))
+    code, out = _cli(capsys, "ingest", table.uri, str(csv))
+    assert code == Exit.FAILED and path in out and "were not written" in out
     record(GUARANTEE, case_name(request), corrupt_files=1, rows_checked=len(seen))
 
 

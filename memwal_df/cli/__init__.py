@@ -54,5 +54,6 @@ def main(argv: list[str] | None = None, prog: str = "memwal") -> int:
     except Exception as e:  # noqa: BLE001 - every error becomes a message and an exit code
         if args.traceback:
             raise
-        print(f"{prog} {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        notes = "".join(f"\n  {n}" for n in getattr(e, "__notes__", ()))
+        print(f"{prog} {args.command}: error: {type(e).__name__}: {e}{notes}", file=sys.stderr)
         return int(exit_code(e))
