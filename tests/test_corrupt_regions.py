@@ -253,6 +253,27 @@ def test_corrupt_manifest_fails_only_queries_that_need_the_region(request, tmp_p
     record(GUARANTEE, case_name(request), corrupt_files=1, queries_checked=6)
 
 
+def test_search_runs_when_its_filter_prunes_a_region_with_a_corrupt_manifest(request, tmp_path):
+    uri = str(tmp_path / "t")
+    vec = pa.list_(pa.float32(), 2)
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("vec", vec)])
+    table = mw.create_table(uri, schema, "id", region_spec=mw.bucket("id", 4))
+    with table.writer() as w:
+        w.put(pa.table({"id": pa.array(KEYS, pa.int64()), "vec": pa.array([[k, 0] for k in KEYS], vec)}))
+    bad, good = table.region_ids()[:2]
+    g = _keys_of(table, good)[0]
+    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    _corrupt(table, path)
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", mw.MemWalTable(uri))
+    search = "SELECT id FROM vector_search('t', 'vec', [0.0, 0.0], 5{})"
+    pruned = search.format(f", named_struct('filter', 'id = {g}')")
+    assert ctx.sql(pruned).to_arrow_table().column("id").to_pylist() == [g]
+    with pytest.raises(Exception, match=f"CorruptManifestError.*{path}"):
+        ctx.sql(search.format("")).to_arrow_table()
+    record(GUARANTEE, case_name(request), corrupt_files=1, queries_checked=2)
+
+
 def test_pinned_scan_leaves_out_an_unreadable_region_its_filter_prunes(request, tmp_path):
     """The scan plan Spark distributes: planned on the driver, pinned, restored and planned again in
     each task."""
