@@ -14,6 +14,10 @@ plans, and with `apply=True` performs, the repair of a corrupt WAL:
   next writer reuse their positions: the repair refuses unless `discard_later=True`, which sets the
   corrupt entry and every later one aside (their rows, counted in the plan, are lost).
 
+A corrupt entry at a position flushed generations cover (at most `replay_after_wal_entry_position`:
+replay never reads it, GC does) holds no row that is not in a generation: it is set aside with the
+others, or alone, without a claim.
+
 Guarantees: nothing is changed without `apply=True`; what is set aside is exactly the plan's
 entries; a region without damage is never touched.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from memwal_df import layout
@@ -116,10 +120,12 @@ class RepairPlan:
     """What `repair_region` sets aside (or did, when `applied`) for one region."""
 
     region_id: uuid.UUID
-    entries: tuple[SetAside, ...]  # ascending positions; empty: the WAL has no corrupt entry
-    trailing: bool  # the corrupt entry is the last one (nothing valid after it)
+    entries: tuple[SetAside, ...]  # unreplayed, ascending, from the first corrupt one; may be empty
+    trailing: bool  # no valid entry follows the first corrupt one
     quarantine: str | None  # where the entries go (are), relative to the table root
     applied: bool
+    # corrupt entries at positions flushed generations cover (replay never reads them): no row lost
+    covered: tuple[SetAside, ...] = ()
 
     @property
     def rows_lost(self) -> int:
@@ -128,10 +134,16 @@ class RepairPlan:
 
     def describe(self) -> str:
         """What will be (was) lost, in words an operator can check before confirming."""
-        if not self.entries:
+        moved = len(self.entries) + len(self.covered)
+        if not moved:
             return f"region {self.region_id}: no corrupt WAL entry, nothing to repair"
         verb = "set aside" if self.applied else "would set aside"
-        lines = [f"region {self.region_id}: {verb} {len(self.entries)} WAL entr{_ies(len(self.entries))}:"]
+        lines = [f"region {self.region_id}: {verb} {moved} WAL entr{_ies(moved)}:"]
+        for e in self.covered:
+            lines.append(
+                f"  position {e.position} ({e.path}, {e.size} bytes): corrupt ({e.error}), but flushed "
+                "generations hold its rows: nothing is lost"
+            )
         for e in self.entries:
             what = (
                 f"corrupt, its rows cannot be read ({e.error})"
@@ -139,10 +151,12 @@ class RepairPlan:
                 else f"valid, {e.rows} row(s) of writer epoch {e.writer_epoch}"
             )
             lines.append(f"  position {e.position} ({e.path}, {e.size} bytes): {what}")
-        lines.append(
-            "  The rows of these entries are lost. A durable write returned once its entry was stored, so "
-            "they may have been acknowledged; a corrupt last entry is usually a write torn by a crash."
-        )
+        if self.entries:
+            lines.append(
+                "  The rows of the entries no generation holds are lost. A durable write returned once its "
+                "entry was stored, so they may have been acknowledged; a corrupt last entry is usually a "
+                "write torn by a crash."
+            )
         if self.rows_lost:
             lines.append(f"  {self.rows_lost} readable row(s) of valid later entries are lost too.")
         lines.append(f"  Files are moved to {self.quarantine}, not deleted.")
@@ -160,24 +174,46 @@ def plan_repair(storage: Storage, region_id: uuid.UUID) -> tuple[RepairPlan, pb.
     if m is None:
         return RepairPlan(region_id, (), True, None, False), None
     wal = Wal(storage, region_id)
-    position, first_corrupt, entries = m.replay_after_wal_entry_position + 1, None, []
+    covered = tuple(_covered_corrupt(storage, wal, m.replay_after_wal_entry_position))
+    position, entries = m.replay_after_wal_entry_position + 1, []
     while (size := storage.head(wal.path(position))) is not None:
         try:
             entry = wal.read(position)
         except CorruptWalEntryError as e:
-            first_corrupt = position if first_corrupt is None else first_corrupt
             entries.append(SetAside(position, wal.path(position), size, str(e), None, None))
         else:
-            if entry is not None and first_corrupt is not None:
+            if entry is not None and entries:
                 entries.append(
                     SetAside(position, wal.path(position), size, None, entry.num_rows, entry.writer_epoch)
                 )
         position += 1
-    if first_corrupt is None:
-        return RepairPlan(region_id, (), True, None, False), m
-    epoch = m.writer_epoch + 1
-    quarantine = f"{layout.region_dir(region_id)}/{QUARANTINE_DIR}/epoch-{epoch}"
-    return RepairPlan(region_id, tuple(entries), len(entries) == 1, quarantine, False), m
+    trailing = all(e.error is not None for e in entries)
+    quarantine = None
+    if entries or covered:
+        quarantine = _quarantine(region_id, m.writer_epoch + 1 if entries else m.writer_epoch)
+    return RepairPlan(region_id, tuple(entries), trailing, quarantine, False, covered), m
+
+
+def _covered_corrupt(storage: Storage, wal: Wal, replay_after: int) -> list[SetAside]:
+    """The corrupt entries at positions up to `replay_after` (GC deletes these positions once their
+    generations are merged, so there are few)."""
+    try:
+        names = storage.list_dir(f"{layout.region_dir(wal.region_id)}/{layout.WAL_DIR}")
+    except NotFoundError:
+        return []
+    positions = sorted(p for n in names if n.endswith(".arrow") and (p := layout.parse_bitrev64_name(n)))
+    out = []
+    for position in (p for p in positions if p <= replay_after):
+        try:
+            wal.read(position)
+        except CorruptWalEntryError as e:
+            size = storage.head(wal.path(position)) or 0
+            out.append(SetAside(position, wal.path(position), size, str(e), None, None))
+    return out
+
+
+def _quarantine(region_id: uuid.UUID, epoch: int) -> str:
+    return f"{layout.region_dir(region_id)}/{QUARANTINE_DIR}/epoch-{epoch}"
 
 
 def repair_region(
@@ -187,8 +223,6 @@ def repair_region(
     module docstring. Raises `RepairRefusedError` for a corrupt entry followed by valid ones unless
     `discard_later`, and `CorruptManifestError` for a corrupt region manifest (not repaired here)."""
     plan, m = plan_repair(storage, region_id)
-    if not plan.entries:
-        return plan
     if not plan.trailing and not discard_later:
         raise RepairRefusedError(
             f"{plan.describe()}\nThe corrupt entry is followed by valid entries: setting it aside alone "
@@ -196,18 +230,20 @@ def repair_region(
             "writes reuse their positions. Repair with discard_later=True (CLI: --discard-later) to set "
             "the corrupt entry and every later entry aside, losing the rows listed above."
         )
-    if not apply:
+    if not apply or not (plan.entries or plan.covered):
         return plan
     assert m is not None and plan.quarantine is not None
-    epoch = _claim(RegionManifestStore(storage, region_id), m)
-    quarantine = f"{layout.region_dir(region_id)}/{QUARANTINE_DIR}/epoch-{epoch}"
-    for e in reversed(plan.entries):  # highest first: the positions left stay contiguous
+    quarantine = plan.quarantine
+    if plan.entries:
+        epoch = _claim(RegionManifestStore(storage, region_id), m)
+        quarantine = _quarantine(region_id, epoch)
+    for e in reversed([*plan.covered, *plan.entries]):  # highest first: the positions left stay contiguous
         _move(storage, e.path, f"{quarantine}/{e.path.rsplit('/', 1)[1]}")
-    first = plan.entries[0].position
-    # Like a claiming writer: a sentinel at the first free position fences writers of older epochs.
-    # If a writer of an older epoch took the position first, its entry is replayed instead.
-    Wal(storage, region_id).append(first, encode_fence_sentinel(epoch))
-    return RepairPlan(region_id, plan.entries, plan.trailing, quarantine, True)
+    if plan.entries:
+        # Like a claiming writer: a sentinel at the first free position fences writers of older
+        # epochs. If a writer of an older epoch took the position first, its entry is replayed instead.
+        Wal(storage, region_id).append(plan.entries[0].position, encode_fence_sentinel(epoch))
+    return replace(plan, quarantine=quarantine, applied=True)
 
 
 def _claim(store: RegionManifestStore, m: pb.ShardManifest) -> int:

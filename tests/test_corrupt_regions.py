@@ -381,6 +381,32 @@ def test_repair_refuses_a_corrupt_middle_entry_unless_told_to_discard_later_ones
     record(GUARANTEE, case_name(request), corrupt_files=1, entries_set_aside=2, rows_checked=len(seen))
 
 
+def test_repair_sets_aside_a_corrupt_entry_generations_already_hold(request, tmp_path, capsys):
+    table = _table(str(tmp_path / "t"), None)
+    region_id = table.region_ids()[0]
+    keys = _keys_of(table, region_id)
+    with table.region_writer(region_id) as rw:  # flushed: the entry's position is covered
+        rw.put(_rows(keys[:2], "flushed"))
+        position = rw.stats()["next_wal_position"] - 1
+    assert table.region_status(region_id).replay_after_wal_entry_position >= position
+    path = layout.wal_path(region_id, position)
+    _corrupt(table, path)
+    jobs = {"interval": 0, "max_rounds": 1, "grace": timedelta(0), "version_retention": timedelta(0)}
+    (done,) = table.maintain(**jobs, keep_versions=1)  # GC reads merged entries to delete them
+    assert done.errors["gc"].errors[region_id].path == path
+
+    plan = table.repair_region(region_id)
+    assert [x.path for x in plan.covered] == [path] and plan.entries == () and plan.rows_lost == 0
+    assert "nothing is lost" in plan.describe()
+    code, out = _cli(capsys, "repair", table.uri, "--region", str(region_id), "--yes")
+    assert code == Exit.OK and path in out
+    (done,) = table.maintain(**jobs, keep_versions=1)
+    assert done.errors == {}
+    seen = _sql(table.uri, None, "SELECT * FROM t")
+    assert {k: seen[k] for k in keys[:2]} == {k: f"flushed{k}" for k in keys[:2]}
+    record(GUARANTEE, case_name(request), corrupt_files=1, entries_set_aside=1, rows_checked=len(seen))
+
+
 def test_repair_of_a_healthy_region_changes_nothing(request, tmp_path, capsys):
     table = _table(str(tmp_path / "t"), None)
     region_id = table.region_ids()[0]

@@ -164,7 +164,7 @@ def run_repair(args: argparse.Namespace) -> int:
     table = c.table_of(args)
     plan = table.repair_region(_region_id(args.region), apply=args.yes, discard_later=args.discard_later)
     hint = ""
-    if plan.entries and not plan.applied:
+    if (plan.entries or plan.covered) and not plan.applied:
         hint = "\nnothing was changed; run again with --yes to set these entries aside"
     elif plan.applied:
         hint = f"\nthe region can be claimed again: run `memwal recover {args.uri}` to replay it"
