@@ -7,7 +7,8 @@ fence each other instead of splitting a key across two regions).
 
 Guarantees: input is validated as a whole (schema, NULL keys, routability) before any region receives
 a row; a write spanning several regions is applied region by region (regions are independent, there is
-no cross-region atomicity); `close()` flushes and closes every region writer, reporting the first error.
+no cross-region atomicity), so a region whose manifest or WAL entry cannot be decoded refuses only its
+own rows; `close()` flushes and closes every region writer, reporting the first error.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ class TableWriter:
 
         Rows of a region whose manifest or WAL entry cannot be decoded are refused: the rows of the
         other regions are written, then that region's `CorruptWalEntryError` / `CorruptManifestError`
-        (naming the file) is raised, with a note per further refused region."""
+        (naming the file) is raised, with a note per further refused region. Input longer than
+        `max_memtable_rows` is written in chunks of that many rows; chunks after the one that raised
+        are not written. `delete` does the same."""
         ts = self.table.schema
         for chunk in iter_tables(data, self.config.max_memtable_rows):
             table = conform(chunk, ts.schema)
