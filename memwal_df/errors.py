@@ -106,7 +106,7 @@ class CorruptRegionsError(MemWalError):
         lines = "".join(f"\n  region {r}: {e}" for r, e in sorted(errors.items()))
         super().__init__(
             f"{job}: {len(errors)} region(s) could not be read and were skipped (the others were "
-            f"processed); see `memwal repair` in docs/operations.md:{lines}"
+            f"processed); see 'Corrupt regions' in docs/operations.md:{lines}"
         )
         self.errors = errors
         self.result = result

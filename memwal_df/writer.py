@@ -191,7 +191,7 @@ def _refused(errors: list[MemWalError], deleted: bool) -> MemWalError:
     what = "deletes" if deleted else "rows"
     first.add_note(
         f"the {what} of the {len(errors)} region(s) named here were not written; those of every other "
-        "region were (see `memwal repair` in docs/operations.md)"
+        "region were (see 'Corrupt regions' in docs/operations.md)"
     )
     return first
 
