@@ -32,11 +32,11 @@ from typing import TypeVar
 from memwal_df import layout
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
+    CommitConflictError,
     CorruptManifestError,
     CorruptWalEntryError,
     NotFoundError,
     RepairRefusedError,
-    WriterFencedError,
 )
 from memwal_df.manifest import RegionManifestStore, next_version
 from memwal_df.storage import Storage
@@ -170,7 +170,11 @@ def _ies(n: int) -> str:
 def plan_repair(storage: Storage, region_id: uuid.UUID) -> tuple[RepairPlan, pb.ShardManifest | None]:
     """The repair plan of the region's WAL (not applied) and the manifest it was made from. Raises
     `CorruptManifestError` when the latest region manifest itself cannot be decoded."""
-    m = RegionManifestStore(storage, region_id).latest()
+    try:
+        m = RegionManifestStore(storage, region_id).latest()
+    except CorruptManifestError as e:
+        e.add_note("repair sets WAL entries aside only: restore this manifest file from a backup")
+        raise
     if m is None:
         return RepairPlan(region_id, (), True, None, False), None
     wal = Wal(storage, region_id)
@@ -221,7 +225,8 @@ def repair_region(
 ) -> RepairPlan:
     """Plan (and with `apply=True` perform) setting the region's corrupt WAL entries aside; see the
     module docstring. Raises `RepairRefusedError` for a corrupt entry followed by valid ones unless
-    `discard_later`, and `CorruptManifestError` for a corrupt region manifest (not repaired here)."""
+    `discard_later`, `CorruptManifestError` for a corrupt region manifest (not repaired here), and
+    `CommitConflictError` when a writer flushed the region while the repair claimed it."""
     plan, m = plan_repair(storage, region_id)
     if not plan.trailing and not discard_later:
         raise RepairRefusedError(
@@ -255,9 +260,9 @@ def _claim(store: RegionManifestStore, m: pb.ShardManifest) -> int:
             return claim.writer_epoch
         latest = store.latest()
         if latest is None or latest.replay_after_wal_entry_position != m.replay_after_wal_entry_position:
-            raise WriterFencedError(
+            raise CommitConflictError(
                 f"region {store.region_id}: a writer flushed while the repair claimed the region; "
-                "plan the repair again"
+                "run the repair again (it plans anew)"
             )
         m = latest
 

@@ -345,8 +345,8 @@ def test_repair_sets_a_corrupt_trailing_entry_aside(request, tmp_path, capsys, k
     assert kept < torn
     with table.writer() as w:
         w.put(_rows(keys[2:4], "after"))
-    if kind == "local":  # Lance claims the repaired region, replays across the sentinel and flushes
-        lance.dataset(uri).mem_wal_writer(str(bad)).close()
+    # Lance claims the repaired region, replays across the sentinel and flushes.
+    lance.dataset(uri, storage_options=options).mem_wal_writer(str(bad)).close()
     seen = _sql(uri, options, "SELECT * FROM t")
     assert {k: seen[k] for k in keys[2:4]} == {k: f"after{k}" for k in keys[2:4]}
     record(GUARANTEE, case_name(request), corrupt_files=1, entries_set_aside=1, rows_checked=len(seen))
@@ -405,6 +405,21 @@ def test_repair_sets_aside_a_corrupt_entry_generations_already_hold(request, tmp
     seen = _sql(table.uri, None, "SELECT * FROM t")
     assert {k: seen[k] for k in keys[:2]} == {k: f"flushed{k}" for k in keys[:2]}
     record(GUARANTEE, case_name(request), corrupt_files=1, entries_set_aside=1, rows_checked=len(seen))
+
+
+def test_repair_does_not_touch_a_corrupt_region_manifest(request, tmp_path, capsys):
+    table = _table(str(tmp_path / "t"), None)
+    region_id = table.region_ids()[0]
+    path = layout.manifest_path(region_id, table.region_status(region_id).manifest_version)
+    _corrupt(table, path)
+    before = _listing(table, region_id)
+    with pytest.raises(errors.CorruptManifestError) as e:
+        table.repair_region(region_id, apply=True)
+    assert e.value.path == path and any("backup" in n for n in e.value.__notes__)
+    code, out = _cli(capsys, "repair", table.uri, "--region", str(region_id), "--yes")
+    assert code == Exit.FAILED and path in out and "backup" in out
+    assert _listing(table, region_id) == before
+    record(GUARANTEE, case_name(request), corrupt_files=1, entry_points_checked=2)
 
 
 def test_repair_of_a_healthy_region_changes_nothing(request, tmp_path, capsys):
