@@ -223,6 +223,23 @@ def test_maintain_and_jobs_go_on_for_healthy_regions(request, tmp_path, capsys):
     record(GUARANTEE, case_name(request), corrupt_files=1, entry_points_checked=7)
 
 
+def test_index_build_keeps_the_snapshot_row_of_a_region_with_a_corrupt_manifest(request, tmp_path):
+    table = _table(str(tmp_path / "t"), None)
+    table.build_index()
+    bad = table.region_ids()[0]
+    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    _corrupt(table, path)
+    with pytest.raises(errors.CorruptRegionsError) as e:
+        table.build_index()
+    assert e.value.errors[bad].path == path
+    assert e.value.result.regions == len(table.region_ids())  # the corrupt region's row is kept
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", mw.MemWalTable(table.uri, consistency="snapshot"))
+    rows = ctx.sql("SELECT id, v FROM t").to_arrow_table().to_pylist()
+    assert {r["id"]: r["v"] for r in rows} == {k: f"g{k}" for k in KEYS}
+    record(GUARANTEE, case_name(request), corrupt_files=1, rows_checked=len(rows))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Queries
 # ---------------------------------------------------------------------------------------------------
