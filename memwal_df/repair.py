@@ -4,7 +4,7 @@
 `replay_after_wal_entry_position`, which a claiming writer replays) can all be decoded. `repair_region`
 plans, and with `apply=True` performs, the repair of a corrupt WAL:
 
-* A corrupt TRAILING entry (the highest position) is typically a torn last write. It is moved to
+* A corrupt TRAILING entry (no valid entry after it) is typically a torn last write. It is moved to
   `_mem_wal/{region}/quarantine/epoch-{E}/` (never deleted), after the repair claimed the region with
   a new epoch E (fencing any writer still active), and a fence sentinel of epoch E takes its
   position, as a claiming writer would write one (spec "Writer Expectations"). The next writer then
@@ -90,16 +90,11 @@ def wal_problem(storage: Storage, region_id: uuid.UUID, replay_after: int) -> Re
     """The first WAL entry after `replay_after` (the entries a claiming writer replays) that cannot
     be decoded, or None."""
     try:
-        _check_wal(Wal(storage, region_id), replay_after)
+        for _ in Wal(storage, region_id).scan(replay_after + 1):  # decodes each entry
+            pass
     except CorruptWalEntryError as e:
         return RegionProblem(region_id, "wal", e.path, str(e))
     return None
-
-
-def _check_wal(wal: Wal, replay_after: int) -> None:
-    """Decode every entry a claiming writer would replay; raises the first CorruptWalEntryError."""
-    for _ in wal.scan(replay_after + 1):
-        pass
 
 
 @dataclass(frozen=True)
