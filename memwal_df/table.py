@@ -290,10 +290,12 @@ class Table:
             merged_generation=merged,
         )
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, check_wal: bool = True) -> dict[str, Any]:
         """Regions, epochs, generations and merge progress, as plain data. `corrupt_regions` lists
-        each region whose latest manifest or unreplayed WAL entry cannot be decoded (its file and the
-        error); a region with a corrupt manifest is missing from `regions`."""
+        each region whose latest manifest or (with `check_wal`) unreplayed WAL entry cannot be decoded
+        (its file and the error); a region with a corrupt manifest is missing from `regions`.
+        `check_wal` reads every WAL entry a claiming writer would replay (up to a MemTable's worth per
+        region); without it only manifests are read."""
         self.refresh()
         regions, corrupt = [], []
         for region_id in self.region_ids():
@@ -305,8 +307,9 @@ class Table:
             if s is None:
                 continue
             regions.append(s)
-            problem = _repair.wal_problem(self.storage, region_id, s.replay_after_wal_entry_position)
-            if problem is not None:
+            if check_wal and (
+                problem := _repair.wal_problem(self.storage, region_id, s.replay_after_wal_entry_position)
+            ):
                 corrupt.append(problem)
         return {
             "uri": self.uri,

@@ -192,6 +192,10 @@ def test_status_lists_each_corrupt_region_file_and_error(request, tmp_path, caps
 
     code, out = _cli(capsys, "status", table.uri)
     assert code == Exit.OK and "CORRUPT" in out and path in out and "--region REGION" in out
+    unchecked = table.status(check_wal=False)["corrupt_regions"]
+    assert unchecked == ([] if what == "wal" else [problem])
+    code, out = _cli(capsys, "status", table.uri, "--no-wal-check")
+    assert code == Exit.OK and (path in out) == (what == "manifest")
     code, out = _cli(capsys, "status", table.uri, "--json")
     assert code == Exit.OK
     (listed_json,) = json.loads(out)["corrupt_regions"]
