@@ -2,14 +2,18 @@
 
 * `recover` replays every healthy region past a region with a corrupt WAL entry or manifest, then
   raises `CorruptRegionsError` naming each skipped region and file;
-* a routed write stores the rows of healthy regions and refuses only those of the corrupt region;
-* `status` (API, CLI, `--json`) lists the corrupt file and error of each region;
+* a routed write or delete (API and `memwal ingest`) stores the rows of healthy regions and refuses
+  only those of the corrupt region;
+* `status` (API, CLI, `--json`, `--no-wal-check`) lists the corrupt file and error of each region;
 * `maintain` / merge / GC / index build go on for the healthy regions and report the corrupt ones;
-* a corrupt region manifest fails only the queries that need that region;
-* `repair_region` / `memwal repair` say what is lost, change nothing without confirmation, set a
+  the index build keeps the corrupt region's previous snapshot row;
+* a corrupt region manifest fails only the queries that need that region (lookups, vector search
+  filters, the pinned scan plan Spark distributes);
+* `repair_region` / `memwal repair` say what is lost and change nothing without confirmation, set a
   corrupt trailing entry aside into the region's quarantine directory, refuse a corrupt entry in the
-  middle unless told to discard the later entries, and leave a region that memwal_df and Lance claim
-  and replay again.
+  middle unless told to discard the later entries, set aside corrupt entries generations already
+  hold, leave a corrupt manifest alone, and leave a region that memwal_df and Lance claim and replay
+  again.
 """
 
 from __future__ import annotations
