@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 
 class MemWalError(Exception):
     """Base class of every memwal_df error."""
@@ -99,3 +101,26 @@ class WriterClosedError(MemWalError):
 
 class InvalidConfigError(MemWalError, ValueError):
     """A MemWAL configuration Lance or the spec refuses (unknown maintained index, bad writer setting)."""
+
+
+class CorruptRegionsError(MemWalError):
+    """A job that covers many regions (`recover`, `merge`, `gc`) did its work on every healthy region,
+    but some regions have a corrupt WAL entry or region manifest.
+
+    `errors` maps each failed region's id to its `CorruptWalEntryError` / `CorruptManifestError`
+    (whose `path` names the file); `result` is what the job did on the other regions (the
+    recovered region ids for `recover`, a `MergeResult` / `GcResult` for the others).
+    """
+
+    def __init__(self, job: str, errors: dict[uuid.UUID, MemWalError], result: object) -> None:
+        lines = "".join(f"\n  region {r}: {e}" for r, e in sorted(errors.items()))
+        super().__init__(
+            f"{job}: {len(errors)} region(s) could not be read and were skipped (the others were "
+            f"processed); see 'Corrupt regions' in docs/operations.md:{lines}"
+        )
+        self.errors = errors
+        self.result = result
+
+
+class RepairRefusedError(MemWalError, ValueError):
+    """`repair_region` found damage it will not set aside without a stronger flag (or cannot repair)."""

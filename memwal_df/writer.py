@@ -8,9 +8,10 @@ fence each other instead of splitting a key across two regions).
 Guarantees: each chunk of a write (up to `max_memtable_rows` rows; a RecordBatchReader's batches) is
 validated as a whole (schema: every column of the table for a put; NULL keys; routability) before any
 region receives a row of it, and a put lacking a column writes nothing; a write spanning several
-regions is applied region by region (regions are independent, there is no cross-region atomicity);
-`close()` flushes and closes every region writer, reporting the first error, and every later put,
-delete or flush raises `WriterClosedError`.
+regions is applied region by region (regions are independent, there is no cross-region atomicity), so
+a region whose manifest or WAL entry cannot be decoded refuses only its own rows; `close()` flushes
+and closes every region writer, reporting the first error, and every later put, delete or flush raises
+`WriterClosedError`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.errors import RegionRoutingError, WriterClosedError
+from memwal_df.errors import (
+    CorruptManifestError,
+    CorruptWalEntryError,
+    MemWalError,
+    RegionRoutingError,
+    WriterClosedError,
+)
 from memwal_df.region import RegionWriter, WriterConfig
 from memwal_df.region_spec import RegionSpec
 from memwal_df.schema import key_rows, tombstone_rows, upsert_chunks
@@ -54,7 +61,13 @@ class TableWriter:
         self._closed = False
 
     def put(self, data: Any) -> None:
-        """Upsert whole rows (every column of the table, `memwal_df.schema`), routed to their regions."""
+        """Upsert whole rows (every column of the table, `memwal_df.schema`), routed to their regions.
+
+        Rows of a region whose manifest or WAL entry cannot be decoded are refused: the rows of the
+        other regions are written, then that region's `CorruptWalEntryError` / `CorruptManifestError`
+        (naming the file) is raised, with a note per further refused region. Input longer than
+        `max_memtable_rows` is written in chunks of that many rows; chunks after the one that raised
+        are not written. `delete` does the same."""
         self._check_open()
         for table in upsert_chunks(self.table.schema, data, self.config.max_memtable_rows):
             if table.num_rows:
@@ -85,13 +98,32 @@ class TableWriter:
     def _write_parts(self, parts: list[tuple[tuple[Any, ...], pa.Table]], deleted: bool) -> None:
         """Hand each region its rows. Durable regions write (and fsync) concurrently; non-durable
         writes only buffer, which is faster in this thread than handed to others."""
-        writers = [self._writer(values) for values, _ in parts]
-        calls = [(w._put_routed, (rows, deleted)) for w, (_, rows) in zip(writers, parts, strict=True)]
+        writers, unavailable = self._open([values for values, _ in parts])
+        calls = [
+            (w._put_routed, (rows, deleted))
+            for w, (_, rows) in zip(writers, parts, strict=True)
+            if w is not None
+        ]
         if self.config.durable_write:
             self._run(calls)
         else:
             for fn, args in calls:
                 fn(*args)
+        if unavailable:
+            raise _refused(unavailable, deleted)
+
+    def _open(self, values: list[tuple[Any, ...]]) -> tuple[list[RegionWriter | None], list[MemWalError]]:
+        """The writer of each region (None where the region's manifest or WAL entry cannot be
+        decoded, so it cannot be claimed) and those regions' errors."""
+        writers: list[RegionWriter | None] = []
+        errors: list[MemWalError] = []
+        for v in values:
+            try:
+                writers.append(self._writer(v))
+            except (CorruptManifestError, CorruptWalEntryError) as e:
+                writers.append(None)
+                errors.append(e)
+        return writers, errors
 
     def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
         """Run the calls (one per region) concurrently, the first in this thread; raise the first
@@ -167,6 +199,19 @@ class TableWriter:
 
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
         return group_by_region(self.spec, self.table.schema.field_ids, table)
+
+
+def _refused(errors: list[MemWalError], deleted: bool) -> MemWalError:
+    """The first error of the regions that refused rows, noting the others and what was written."""
+    first = errors[0]
+    for e in errors[1:]:
+        first.add_note(f"also refused: {e}")
+    what = "deletes" if deleted else "rows"
+    first.add_note(
+        f"the {what} of the {len(errors)} region(s) named here were not written; those of every other "
+        "region were (see 'Corrupt regions' in docs/operations.md)"
+    )
+    return first
 
 
 def group_by_region(

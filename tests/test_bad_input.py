@@ -8,9 +8,10 @@ schema checks and `test_wal.py` / `test_manifest.py`'s decoders):
   vectors, malformed region ids: typed errors naming the column or argument, nothing written;
 * keys of every Arrow type Lance 14 accepts as a primary key, with their edge values, through put,
   delete, crash + replay, flush, merge and the SQL reader;
-* corrupt or truncated WAL entries and manifests: every entry point (claim, recover, status, the SQL
-  reader, merge, GC, index build) raises `CorruptWalEntryError` / `CorruptManifestError` naming the
-  file, never skips it;
+* corrupt or truncated WAL entries and manifests: every entry point (claim, recover, the SQL reader,
+  merge, GC, index build) raises `CorruptWalEntryError` / `CorruptManifestError` naming the file
+  (jobs over many regions: inside `CorruptRegionsError`, after the healthy regions), `status` lists
+  it; nothing corrupt is ever skipped silently (`test_corrupt_regions.py`);
 * a table directory with foreign files: ignored by readers, writers and jobs, and never deleted;
 * a huge batch (slow: hundreds of MB) is written in bounded memory, measured in a child process.
 """
@@ -456,17 +457,15 @@ def test_corrupt_files_raise_typed_errors_naming_them(request, tmp_path, kind, c
         "routed write": lambda: _routed_write(table, rid),
     }
     if what == "manifest":
-        entry_points |= {
-            "status": table.status,
-            "merge": table.merge,
-            "gc": table.gc,
-            "index build": table.build_index,
-        }
+        entry_points |= {"merge": table.merge, "gc": table.gc, "index build": table.build_index}
     for name, call in entry_points.items():
-        with pytest.raises(expected) as e:
+        with pytest.raises((expected, errors.CorruptRegionsError)) as e:
             call()
-        assert e.value.path == path, f"{name}: {e.value}"
+        error = e.value.errors[rid] if isinstance(e.value, errors.CorruptRegionsError) else e.value
+        assert isinstance(error, expected) and error.path == path, f"{name}: {e.value}"
         assert path in str(e.value)
+    (problem,) = table.status()["corrupt_regions"]  # status reports the file instead of raising
+    assert (problem.region_id, problem.path) == (rid, path)
     if what == "manifest":  # DataFusion wraps what a table provider raises: the message names both
         with pytest.raises(Exception, match=f"{expected.__name__}.*{path}"):
             sql_rows(uri, options)
@@ -474,7 +473,7 @@ def test_corrupt_files_raise_typed_errors_naming_them(request, tmp_path, kind, c
         GUARANTEE,
         case_name(request),
         corrupt_files=1,
-        entry_points_checked=len(entry_points) + (what == "manifest"),
+        entry_points_checked=len(entry_points) + 1 + (what == "manifest"),
     )
 
 
