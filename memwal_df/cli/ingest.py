@@ -60,7 +60,17 @@ def _writer_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="wait for each write's WAL entry (default: the table's writer default)",
     )
-    p.add_argument("--region", help="write to this region id only (tables without a region spec)")
+    p.add_argument(
+        "--region",
+        help="write to this region id only: any id on a table without a region spec, an existing "
+        "region's id on a table with one (new regions there are created by routing)",
+    )
+    p.add_argument(
+        "--allow-non-key-region-columns",
+        action="store_true",
+        help="write to a table whose region spec (made elsewhere) reads columns outside the primary key; "
+        "never change those columns of an existing key",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -133,8 +143,10 @@ def _writer(table: Table, args: argparse.Namespace) -> Any:
             region = uuid.UUID(args.region)
         except ValueError:
             raise InvalidArgumentError(f"--region takes a region id (a UUID), got {args.region!r}") from None
-        return table.region_writer(region, durable=args.durable)
-    return table.writer(durable=args.durable)
+        return table.region_writer(
+            region, durable=args.durable, allow_non_key_region_columns=args.allow_non_key_region_columns
+        )
+    return table.writer(durable=args.durable, allow_non_key_region_columns=args.allow_non_key_region_columns)
 
 
 def _regions(writer: Any) -> list[str]:
