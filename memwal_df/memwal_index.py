@@ -569,7 +569,7 @@ def _validate(details: pb.MemWalIndexDetails, ds: lance.LanceDataset, field_ids:
                 raise InvalidRegionSpecError(f"region field {f.field_id!r}: no column has field id {unknown}")
             if not f.source_ids and f.transform != "unsharded":
                 raise InvalidRegionSpecError(f"region field {f.field_id!r} has no source column")
-    _check_new_specs(details, ds, ())
+    _check_new_specs(details, lambda: ds)
     existing = {i.name for i in ds.describe_indices()}
     missing = [n for n in details.maintained_indexes if n not in existing]
     if missing:
@@ -577,12 +577,16 @@ def _validate(details: pb.MemWalIndexDetails, ds: lance.LanceDataset, field_ids:
 
 
 def _check_new_specs(
-    details: pb.MemWalIndexDetails, ds: lance.LanceDataset, known: Sequence[pb.ShardingSpec]
+    details: pb.MemWalIndexDetails,
+    dataset: Callable[[], lance.LanceDataset],
+    known: Sequence[pb.ShardingSpec] = (),
 ) -> None:
     """NonKeyRegionColumnError if a region spec of `details` that is not in `known` (one being added
-    or changed) reads a column outside the primary key of `ds` (a key must map to exactly one region)."""
+    or changed) reads a column outside the primary key of the table (`dataset()`, opened only then):
+    a key must map to exactly one region."""
     new = [s for s in details.sharding_specs if s not in known]
     if new:
+        ds = dataset()
         top = {f.name(): f.id() for f in ds.lance_schema.fields()}
         for spec in new:
             check_key_only(RegionSpec.from_proto(spec), primary_key(ds.schema), top)
@@ -794,10 +798,11 @@ def replace_details(
     _, at_read = _details_at(storage, read_version)
     if at_read is None:
         raise TableNotFoundError(f"version {read_version} of {uri} has no MemWAL index")
-    known = list(at_read[0].sharding_specs)
-    if any(s not in known for s in details.sharding_specs):
-        ds = lance.dataset(uri, version=read_version, storage_options=storage_options)
-        _check_new_specs(details, ds, known)
+    _check_new_specs(
+        details,
+        lambda: lance.dataset(uri, version=read_version, storage_options=storage_options),
+        at_read[0].sharding_specs,
+    )
     with entry_lease.exclusive(storage, uri, storage_options):
         return _replace_fenced(storage, uri, at_read[0], details, read_version, storage_options)
 
