@@ -195,6 +195,10 @@ class Transform(ABC):
         """Whether the transform accepts source columns of these types."""
         return True
 
+    def can_produce(self, value: Any) -> bool:
+        """False when no row can have region value `value` (True when the transform cannot tell)."""
+        return True
+
     @abstractmethod
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         """The type of the region value for these source types."""
@@ -426,6 +430,11 @@ class Hour(_Cyclic):
         return [i % 24 for i in range(first, last + 1)]
 
 
+def _is_bucket(value: Any, n: int) -> bool:
+    """Whether `value` is one of the buckets 0..n-1 (a bucket is never NULL)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and 0 <= value < n
+
+
 def _bucket_of(h: pa.Int32Array, n: int) -> pa.Int32Array:
     """``(h & 0x7fffffff) % n`` with NULL hashes in bucket 0, as native does."""
     v = h.to_numpy(zero_copy_only=False) if h.null_count == 0 else h.fill_null(0).to_numpy()
@@ -447,6 +456,9 @@ class Bucket(Transform):
 
     def can_transform(self, source_types: Sequence[pa.DataType]) -> bool:
         return is_hashable(source_types[0])
+
+    def can_produce(self, value: Any) -> bool:
+        return _is_bucket(value, self.num_buckets)
 
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return pa.int32()
@@ -475,6 +487,9 @@ class MultiBucket(Transform):
 
     def can_transform(self, source_types: Sequence[pa.DataType]) -> bool:
         return all(is_hashable(t) for t in source_types)
+
+    def can_produce(self, value: Any) -> bool:
+        return _is_bucket(value, self.num_buckets)
 
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return pa.int32()
@@ -531,6 +546,9 @@ class Unsharded(Transform):
 
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return pa.int32()
+
+    def can_produce(self, value: Any) -> bool:
+        return _is_bucket(value, 1)
 
     def apply(self, arrays: Sequence[pa.Array], num_rows: int | None = None) -> pa.Array:
         if num_rows is None:

@@ -398,6 +398,12 @@ class Table:
                 f"the region spec has {len(spec.fields)} fields "
                 f"{[f.field_id for f in spec.fields]}, got {len(values)} region values {list(values)}"
             )
+        for f, v in zip(spec.fields, values, strict=True):
+            if not f.transform.can_produce(v):
+                raise RegionRoutingError(
+                    f"no row has region value {v!r} for field {f.field_id!r} ({f.transform}): "
+                    "a region for it would stay empty"
+                )
         entries = {
             f.field_id: encode_region_value(v, result_arrow_type(f.result_type))
             for f, v in zip(spec.fields, values, strict=True)

@@ -113,6 +113,15 @@ def test_a_non_key_column_in_the_primary_key_may_route(tmp_path):
     ]
 
 
+def test_binding_a_spec_refuses_non_key_columns():
+    schema = pa.schema([("id", pa.int64()), ("cat", pa.string())])
+    ids = {"id": 0, "cat": 1}
+    with pytest.raises(errors.NonKeyRegionColumnError, match=r"reads \['cat'\]"):
+        mw.identity("cat").bind(ids, schema, primary_key=["id"])
+    bound = mw.identity("cat").bind(ids, schema, primary_key=["id", "cat"])
+    assert bound.fields[0].source_ids == (1,)
+
+
 def test_memwal_index_refuses_to_add_a_non_key_spec(tmp_path):
     """The low-level commits refuse a new or changed spec over a non-key column and write nothing;
     rewriting the details with the table's existing spec (the index builder) still works."""
@@ -278,6 +287,8 @@ def test_region_writer_refuses_a_region_id_the_spec_cannot_name(table_uri, table
         assert again.region_id == w.region_id
     with pytest.raises(errors.RegionRoutingError, match="1 fields"):
         t.region_writer(values=(value, value))
+    with pytest.raises(errors.RegionRoutingError, match="no row has region value 4"):
+        t.region_writer(values=(4,))  # bucket[4] makes 0..3, unsharded 0
     with pytest.raises(TypeError):
         t.region_writer(w.region_id, values=(value,))
     assert t.region_ids() == [w.region_id]
