@@ -1146,6 +1146,8 @@ class RegionSpec:
         """Record the current column name and type of every source id, and check the transforms.
 
         A source id missing from the schema (a dropped column) stays unresolved and reads as NULL.
+        This binds a stored spec as it is, also one made elsewhere over non-key columns (writers
+        check those: `Table.check_writable`); new specs bind through `UnboundRegionSpec.bind`.
         """
         by_id = {fid: name for name, fid in schema_field_ids.items()}
         fields = []
