@@ -35,6 +35,11 @@ class RegionRoutingError(MemWalError, ValueError):
     """A row that belongs to another region than the writer's, or a region spec that cannot route it."""
 
 
+class UnknownRegionError(RegionRoutingError):
+    """A region id that names no existing region of a table with a region spec (a new region is named
+    by its region values, so that every key lands in the one region the spec assigns it)."""
+
+
 class WriterFencedError(MemWalError):
     """A newer writer claimed the region; this writer can make no more changes.
 
@@ -81,6 +86,12 @@ class TableExistsError(MemWalError, FileExistsError):
 
 class InvalidRegionSpecError(MemWalError, ValueError):
     """A region spec that is malformed (unknown transform, bad parameter, unknown source column)."""
+
+
+class NonKeyRegionColumnError(InvalidRegionSpecError):
+    """A region spec that reads columns outside the primary key: an upsert that changes such a column
+    would put its key into a second region. Refused when a spec is created or bound, and by writers
+    of a table whose spec was made elsewhere unless they opt in (`allow_non_key_region_columns`)."""
 
 
 class MissingGenerationError(MemWalError, FileNotFoundError):

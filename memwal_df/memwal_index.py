@@ -45,6 +45,7 @@ from memwal_df.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from memwal_df.region_spec import RegionSpec, check_key_only
 from memwal_df.storage import Storage, open_storage
 
 MEMWAL_INDEX_NAME = "__lance_mem_wal"
@@ -568,10 +569,27 @@ def _validate(details: pb.MemWalIndexDetails, ds: lance.LanceDataset, field_ids:
                 raise InvalidRegionSpecError(f"region field {f.field_id!r}: no column has field id {unknown}")
             if not f.source_ids and f.transform != "unsharded":
                 raise InvalidRegionSpecError(f"region field {f.field_id!r} has no source column")
+    _check_new_specs(details, lambda: ds)
     existing = {i.name for i in ds.describe_indices()}
     missing = [n for n in details.maintained_indexes if n not in existing]
     if missing:
         raise InvalidConfigError(f"maintained_indexes names indexes the table does not have: {missing}")
+
+
+def _check_new_specs(
+    details: pb.MemWalIndexDetails,
+    dataset: Callable[[], lance.LanceDataset],
+    known: Sequence[pb.ShardingSpec] = (),
+) -> None:
+    """NonKeyRegionColumnError if a region spec of `details` that is not in `known` (one being added
+    or changed) reads a column outside the primary key of the table (`dataset()`, opened only then):
+    a key must map to exactly one region."""
+    new = [s for s in details.sharding_specs if s not in known]
+    if new:
+        ds = dataset()
+        top = {f.name(): f.id() for f in ds.lance_schema.fields()}
+        for spec in new:
+            check_key_only(RegionSpec.from_proto(spec), primary_key(ds.schema), top)
 
 
 def _commit_details(
@@ -629,7 +647,8 @@ def initialize(
     (if native ever wrote something else, a `replace_details` commit follows), except that Lance
     normalises `index_catchup` on commit (see `replace_details`).
 
-    Raises `TableNotFoundError`, `TableExistsError` (already initialized), `InvalidRegionSpecError`,
+    Raises `TableNotFoundError`, `TableExistsError` (already initialized), `InvalidRegionSpecError`
+    (`NonKeyRegionColumnError` for a spec reading a column outside the primary key),
     `InvalidConfigError` (unknown maintained index) or `CommitConflictError` (a concurrent initialization).
     """
     storage = open_storage(uri, storage_options)
@@ -768,7 +787,8 @@ def replace_details(
     conflicting change found only then is restored to the concurrent writer's value and reported
     with `CommitConflictError`. Two concurrent `replace_details` (or `initialize`) calls serialize
     on the lease. Raises `TableNotFoundError` when `read_version` or the latest version has no
-    MemWAL index.
+    MemWAL index, and `NonKeyRegionColumnError` (nothing written) when a region spec that
+    `read_version` does not have (a new or changed one) reads a column outside the primary key.
 
     Lance itself normalises `index_catchup` when it commits the entry: it keeps entries only for
     indexes the table has, clamps each region's generation to that region's `compacted_sstables`
@@ -778,6 +798,11 @@ def replace_details(
     _, at_read = _details_at(storage, read_version)
     if at_read is None:
         raise TableNotFoundError(f"version {read_version} of {uri} has no MemWAL index")
+    _check_new_specs(
+        details,
+        lambda: lance.dataset(uri, version=read_version, storage_options=storage_options),
+        at_read[0].sharding_specs,
+    )
     with entry_lease.exclusive(storage, uri, storage_options):
         return _replace_fenced(storage, uri, at_read[0], details, read_version, storage_options)
 

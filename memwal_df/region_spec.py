@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df._proto import memwal_pb2 as pb
-from memwal_df.errors import InvalidRegionSpecError, RegionRoutingError
+from memwal_df.errors import InvalidRegionSpecError, NonKeyRegionColumnError, RegionRoutingError
 from memwal_df.murmur3 import is_hashable, murmur3_32_spark, murmur3_multi
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "Unsharded",
     "Year",
     "bucket",
+    "check_key_only",
     "day",
     "decode_region_value",
     "encode_region_value",
@@ -67,6 +68,8 @@ __all__ = [
     "lance_field_ids",
     "month",
     "multi_bucket",
+    "non_key_columns",
+    "non_key_message",
     "result_arrow_type",
     "result_type_name",
     "transform_from_name",
@@ -190,6 +193,10 @@ class Transform(ABC):
 
     def can_transform(self, source_types: Sequence[pa.DataType]) -> bool:
         """Whether the transform accepts source columns of these types."""
+        return True
+
+    def can_produce(self, value: Any) -> bool:
+        """False when no row can have region value `value` (True when the transform cannot tell)."""
         return True
 
     @abstractmethod
@@ -423,6 +430,11 @@ class Hour(_Cyclic):
         return [i % 24 for i in range(first, last + 1)]
 
 
+def _is_bucket(value: Any, n: int) -> bool:
+    """Whether `value` is one of the buckets 0..n-1 (a bucket is never NULL)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and 0 <= value < n
+
+
 def _bucket_of(h: pa.Int32Array, n: int) -> pa.Int32Array:
     """``(h & 0x7fffffff) % n`` with NULL hashes in bucket 0, as native does."""
     v = h.to_numpy(zero_copy_only=False) if h.null_count == 0 else h.fill_null(0).to_numpy()
@@ -444,6 +456,9 @@ class Bucket(Transform):
 
     def can_transform(self, source_types: Sequence[pa.DataType]) -> bool:
         return is_hashable(source_types[0])
+
+    def can_produce(self, value: Any) -> bool:
+        return _is_bucket(value, self.num_buckets)
 
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return pa.int32()
@@ -472,6 +487,9 @@ class MultiBucket(Transform):
 
     def can_transform(self, source_types: Sequence[pa.DataType]) -> bool:
         return all(is_hashable(t) for t in source_types)
+
+    def can_produce(self, value: Any) -> bool:
+        return _is_bucket(value, self.num_buckets)
 
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return pa.int32()
@@ -528,6 +546,9 @@ class Unsharded(Transform):
 
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return pa.int32()
+
+    def can_produce(self, value: Any) -> bool:
+        return _is_bucket(value, 1)
 
     def apply(self, arrays: Sequence[pa.Array], num_rows: int | None = None) -> pa.Array:
         if num_rows is None:
@@ -1125,6 +1146,8 @@ class RegionSpec:
         """Record the current column name and type of every source id, and check the transforms.
 
         A source id missing from the schema (a dropped column) stays unresolved and reads as NULL.
+        This binds a stored spec as it is, also one made elsewhere over non-key columns (writers
+        check those: `Table.check_writable`); new specs bind through `UnboundRegionSpec.bind`.
         """
         by_id = {fid: name for name, fid in schema_field_ids.items()}
         fields = []
@@ -1258,8 +1281,11 @@ class UnboundRegionSpec:
     def __add__(self, other: UnboundRegionSpec) -> UnboundRegionSpec:
         return UnboundRegionSpec(self.fields + other.fields, self.spec_id)
 
-    def bind(self, schema_field_ids: Mapping[str, int], schema: pa.Schema) -> RegionSpec:
-        """The spec over the Lance field ids of `schema`; InvalidRegionSpecError on unknown columns."""
+    def bind(
+        self, schema_field_ids: Mapping[str, int], schema: pa.Schema, *, primary_key: Sequence[str]
+    ) -> RegionSpec:
+        """The spec over the Lance field ids of `schema`; InvalidRegionSpecError on unknown columns or
+        columns a transform cannot take, NonKeyRegionColumnError on columns outside `primary_key`."""
         fields = []
         for u in self.fields:
             missing = [c for c in u.columns if c not in schema_field_ids or c not in schema.names]
@@ -1283,7 +1309,36 @@ class UnboundRegionSpec:
                     source_types=tuple(types),
                 )
             )
-        return RegionSpec(self.spec_id, tuple(fields))
+        bound = RegionSpec(self.spec_id, tuple(fields))
+        check_key_only(bound, primary_key, schema_field_ids)
+        return bound
+
+
+def non_key_columns(spec: RegionSpec, primary_key: Sequence[str], field_ids: Mapping[str, int]) -> list[str]:
+    """The source columns of `spec` outside `primary_key` (`field_ids`: column name -> Lance field id;
+    a source id no column has is named by its id)."""
+    key_ids = {field_ids[c] for c in primary_key if c in field_ids}
+    names = {fid: name for name, fid in field_ids.items()}
+    outside = dict.fromkeys(sid for f in spec.fields for sid in f.source_ids if sid not in key_ids)
+    return [names.get(sid, f"field id {sid}") for sid in outside]
+
+
+def check_key_only(spec: RegionSpec, primary_key: Sequence[str], field_ids: Mapping[str, int]) -> None:
+    """Raise NonKeyRegionColumnError unless every source column of `spec` is a primary-key column.
+    The spec then assigns each key exactly one region, whatever the row's other columns hold."""
+    outside = non_key_columns(spec, primary_key, field_ids)
+    if outside:
+        raise NonKeyRegionColumnError(non_key_message(outside, primary_key))
+
+
+def non_key_message(columns: Sequence[str], primary_key: Sequence[str]) -> str:
+    """Why a region spec over `columns` (outside `primary_key`) is refused, and what to do."""
+    return (
+        f"the region spec reads {list(columns)}, which are not primary-key columns {list(primary_key)}: "
+        "a key must map to exactly one region, and an upsert that changed such a column would put the "
+        "key into a second region (duplicate rows, stale reads, merge-order-dependent results). "
+        "Put the columns into the primary key, or build the region spec over primary-key columns"
+    )
 
 
 def _one(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -30,11 +31,14 @@ from memwal_df.errors import (
     CorruptManifestError,
     CorruptRegionsError,
     CorruptWalEntryError,
+    InvalidConfigError,
+    NonKeyRegionColumnError,
     NotFoundError,
     RegionRoutingError,
     SchemaMismatchError,
     TableExistsError,
     TableNotFoundError,
+    UnknownRegionError,
 )
 from memwal_df.maintained import MaintainedIndex, maintained_indexes
 from memwal_df.manifest import RegionManifestStore, region_id_of
@@ -46,12 +50,16 @@ from memwal_df.region_spec import (
     decode_region_value,
     encode_region_value,
     lance_field_ids,
+    non_key_columns,
+    non_key_message,
     result_arrow_type,
 )
 from memwal_df.schema import TableSchema, check_keys, conform, to_table
 from memwal_df.storage import Storage, open_storage
 from memwal_df.wal import Wal
 from memwal_df.writer import TableWriter
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -154,28 +162,89 @@ class Table:
 
     def region_writer(
         self,
-        region_id: uuid.UUID | str,
+        region_id: uuid.UUID | str | None = None,
         *,
+        values: Sequence[Any] | None = None,
         durable: bool | None = None,
         indexed: bool | None = None,
         config: WriterConfig | None = None,
+        allow_non_key_region_columns: bool = False,
         **settings: Any,
     ) -> RegionWriter:
-        """Claim region `region_id` (creating it if needed) and return its writer."""
+        """Claim a region and return its writer: the existing region `region_id`, or the region of
+        `values` (one region value per field of the current spec; created if new).
+
+        On a table with a region spec a new region is named by its values, so every key lands in
+        the one region the spec assigns it: a `region_id` that names no existing region raises
+        `UnknownRegionError`. On a table without a spec regions are created by hand: any new
+        `region_id` (a UUID) is a new region. `allow_non_key_region_columns`: see `writer`."""
+        if (region_id is None) == (values is None):
+            raise TypeError("region_writer takes a region id or values=, exactly one of them")
+        self.check_writable(allow_non_key_region_columns)
+        config = config or self._config(durable, indexed, settings)
+        if values is not None:
+            return self.routed_writer(tuple(values), config, allow_non_key_region_columns=True)
         region_id = layout.parse_region_id(region_id)
         m = RegionManifestStore(self.storage, region_id).latest()
+        if m is None and self.spec is not None:
+            raise UnknownRegionError(
+                f"region {region_id} does not exist, and a new region of a table with a region spec is "
+                "named by its region values, not by an id: use table.writer(), which routes each row "
+                "to its region, or table.region_writer(values=(...)) with one value per field of "
+                f"the spec {self.spec_text()}"
+            )
         values = self.region_values(m) if m is not None else None
         entries = {e.field_id: e.value for e in m.shard_field_entries} if m is not None and values else {}
-        return self._writer(region_id, values, entries, config or self._config(durable, indexed, settings))
+        return self._writer(region_id, values, entries, config)
 
     def writer(
-        self, *, durable: bool | None = None, indexed: bool | None = None, **settings: Any
+        self,
+        *,
+        durable: bool | None = None,
+        indexed: bool | None = None,
+        allow_non_key_region_columns: bool = False,
+        **settings: Any,
     ) -> TableWriter:
         """A writer that routes rows to their regions (the table needs a region spec).
 
         `durable` / `indexed` default to the table's writer defaults (durable and indexed unless the
-        MemWAL index says otherwise)."""
-        return TableWriter(self, self._config(durable, indexed, settings))
+        MemWAL index says otherwise). A table whose region spec reads columns outside the primary
+        key (made elsewhere: memwal_df refuses to create one) raises `NonKeyRegionColumnError`
+        unless `allow_non_key_region_columns=True`: an upsert that changes such a column puts its key
+        into a second region, so the caller must never change them."""
+        return TableWriter(
+            self,
+            self._config(durable, indexed, settings),
+            allow_non_key_region_columns=allow_non_key_region_columns,
+        )
+
+    def spec_text(self) -> str:
+        """The current region spec over column names, e.g. `bucket[4](id)`; `none` without one."""
+        if self.spec is None:
+            return "none"
+        names = {i: n for n, i in self.schema.field_ids.items()}
+        return " + ".join(
+            f"{f.transform}({', '.join(names.get(i, f'#{i}') for i in f.source_ids)})"
+            for f in self.spec.fields
+        )
+
+    def non_key_region_columns(self) -> list[str]:
+        """The columns the current region spec reads that are not primary-key columns (none for a
+        table memwal_df created, and for a table without a primary key or region spec)."""
+        if self.spec is None or not self.schema.primary_key:
+            return []
+        return non_key_columns(self.spec, self.schema.primary_key, self.schema.field_ids)
+
+    def check_writable(self, allow_non_key_region_columns: bool = False) -> None:
+        """`NonKeyRegionColumnError` if the region spec reads columns outside the primary key and the
+        caller did not opt in with `allow_non_key_region_columns`."""
+        outside = self.non_key_region_columns()
+        if outside and not allow_non_key_region_columns:
+            raise NonKeyRegionColumnError(
+                non_key_message(outside, self.schema.primary_key)
+                + ". This table's spec was made elsewhere; to write to it anyway, pass "
+                "allow_non_key_region_columns=True and never change those columns of an existing key"
+            )
 
     def recover(self) -> list[uuid.UUID]:
         """Claim every region whose WAL holds entries no generation covers, replay and flush them.
@@ -202,7 +271,7 @@ class Table:
         m = RegionManifestStore(self.storage, region_id).latest()
         if m is None or not Wal(self.storage, region_id).has_data_after(m.replay_after_wal_entry_position):
             return False
-        with self.region_writer(region_id):
+        with self.region_writer(region_id, allow_non_key_region_columns=True):  # replays, adds no rows
             pass
         return True
 
@@ -361,9 +430,23 @@ class Table:
         A region keeps the spec and values it was created with, so the answer never goes stale."""
         return self._region_keys.get(region_id)
 
-    def routed_writer(self, values: tuple[Any, ...], config: WriterConfig) -> RegionWriter:
+    def routed_writer(
+        self, values: tuple[Any, ...], config: WriterConfig, *, allow_non_key_region_columns: bool = False
+    ) -> RegionWriter:
         """The writer of the region for `values`, created with its field entries if new."""
+        self.check_writable(allow_non_key_region_columns)
         spec = self._require_spec()
+        if len(values) != len(spec.fields):
+            raise RegionRoutingError(
+                f"the region spec has {len(spec.fields)} fields "
+                f"{[f.field_id for f in spec.fields]}, got {len(values)} region values {list(values)}"
+            )
+        for f, v in zip(spec.fields, values, strict=True):
+            if not f.transform.can_produce(v):
+                raise RegionRoutingError(
+                    f"no row has region value {v!r} for field {f.field_id!r} ({f.transform}): "
+                    "a region for it would stay empty"
+                )
         entries = {
             f.field_id: encode_region_value(v, result_arrow_type(f.result_type))
             for f, v in zip(spec.fields, values, strict=True)
@@ -415,30 +498,31 @@ def create_table(
     storage_options: dict[str, str] | None = None,
     data_storage_version: str | None = None,
 ) -> Table:
-    """Create the base Lance table (from data or an empty schema) and its MemWAL index."""
+    """Create the base Lance table (from data or an empty schema) and its MemWAL index.
+
+    All or nothing: the key, the data and the region spec (it may read primary-key columns only,
+    `NonKeyRegionColumnError`) are checked before anything is written, and if writing fails after
+    the base table was written, what was written is removed, so the URI holds no table and a retry
+    can succeed. (A process killed in between leaves a Lance table without a MemWAL index, which
+    `open_table` refuses and a retry reports as `TableExistsError`.)"""
     storage = open_storage(uri, storage_options)
     if _exists(storage):
+        if memwal_index.read_details(storage.uri, storage_options or None) is None:
+            raise TableExistsError(
+                f"a Lance table without a MemWAL index exists at {storage.uri} (a create_table killed "
+                "midway leaves one): remove it to create the table there"
+            )
         raise TableExistsError(f"a table already exists at {storage.uri}")
     pk = [primary_key] if isinstance(primary_key, str) else list(primary_key)
-    if isinstance(data_or_schema, pa.Schema):
-        data = data_or_schema.empty_table()
-    else:
-        data = to_table(data_or_schema)
-    missing = [c for c in pk if c not in data.schema.names]
-    if missing:
-        raise SchemaMismatchError(f"primary key columns {missing} are not in the schema")
-    unsupported = {
-        c: str(data.schema.field(c).type) for c in pk if not is_supported_pk_type(data.schema.field(c).type)
-    }
-    if unsupported:
-        raise SchemaMismatchError(
-            f"primary key columns of these types are not supported by Lance 14: {unsupported} "
-            "(use integers, booleans, strings or binaries)"
-        )
+    data = data_or_schema.empty_table() if isinstance(data_or_schema, pa.Schema) else to_table(data_or_schema)
+    _check_primary_key(data.schema, pk)
     schema = memwal_index.with_primary_key(_nullable_values(data.schema, pk), pk)
     data = conform(data, schema)
     check_keys(data, tuple(pk))
     data = _last_per_key(data, pk)
+    field_ids = lance_field_ids(schema)  # as Lance assigns them to the new dataset
+    details = _initial_details(field_ids, schema, pk, region_spec, maintained_indexes)
+    before = set(storage.list_dir(""))
     ds = lance.write_dataset(
         data,
         storage.uri,
@@ -447,20 +531,66 @@ def create_table(
         storage_options=storage_options or None,
         data_storage_version=data_storage_version,
     )
-    field_ids = lance_field_ids(ds)
+    try:
+        if lance_field_ids(ds) != field_ids:
+            details = _initial_details(lance_field_ids(ds), ds.schema, pk, region_spec, maintained_indexes)
+        memwal_index.initialize(storage.uri, details, storage_options or None)
+    except BaseException:
+        _remove_created(storage, before)
+        raise
+    return Table(storage.uri, storage_options)
+
+
+def _check_primary_key(schema: pa.Schema, pk: list[str]) -> None:
+    """SchemaMismatchError unless every key column exists and has a type Lance 14 keys support."""
+    missing = [c for c in pk if c not in schema.names]
+    if missing:
+        raise SchemaMismatchError(f"primary key columns {missing} are not in the schema")
+    unsupported = {c: str(schema.field(c).type) for c in pk if not is_supported_pk_type(schema.field(c).type)}
+    if unsupported:
+        raise SchemaMismatchError(
+            f"primary key columns of these types are not supported by Lance 14: {unsupported} "
+            "(use integers, booleans, strings or binaries)"
+        )
+
+
+def _initial_details(
+    field_ids: dict[str, int],
+    schema: pa.Schema,
+    pk: list[str],
+    region_spec: UnboundRegionSpec | None,
+    maintained_indexes: list[str] | None,
+) -> pb.MemWalIndexDetails:
+    """The MemWAL index details of a new table; raises (InvalidRegionSpecError, InvalidConfigError)
+    for a spec that does not bind to `schema` or a maintained index the new table cannot have."""
     details = pb.MemWalIndexDetails()
     if region_spec is not None:
-        bound = region_spec.bind(field_ids, ds.schema)
+        bound = region_spec.bind(field_ids, schema, primary_key=pk)
         details.sharding_specs.append(bound.to_proto())
         if bound.num_regions is not None:
             details.num_shards = bound.num_regions
     if maintained_indexes is None:
         details.maintain_all_indexes = True
+    elif maintained_indexes:
+        raise InvalidConfigError(
+            f"maintained_indexes names indexes a new table does not have: {list(maintained_indexes)} "
+            "(create the table with maintained_indexes=None (all) or [] (none))"
+        )
     else:
         details.maintain_all_indexes = False
-        details.maintained_indexes.extend(maintained_indexes)
-    memwal_index.initialize(storage.uri, details, storage_options or None)
-    return Table(storage.uri, storage_options)
+    return details
+
+
+def _remove_created(storage: Storage, before: set[str]) -> None:
+    """Remove what a failed `create_table` wrote: the base manifests first (then the URI holds no
+    table), then the other top-level entries that were not there before."""
+    try:
+        storage.delete_prefix("_versions")
+        for name in storage.list_dir(""):
+            if name not in before:
+                storage.delete_prefix(name)
+    except Exception:  # the caller raises the error that made the create fail
+        log.exception("removing the partly created table at %s failed", storage.uri)
 
 
 def open_table(uri: str, storage_options: dict[str, str] | None = None) -> Table:

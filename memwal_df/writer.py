@@ -46,12 +46,16 @@ class TableWriter:
     """Writes to every region of a table through per-region writers. Thread-safe: concurrent durable
     writes of one region share WAL entries (group commit, `RegionWriter`)."""
 
-    def __init__(self, table: Table, config: WriterConfig) -> None:
+    def __init__(
+        self, table: Table, config: WriterConfig, *, allow_non_key_region_columns: bool = False
+    ) -> None:
         if table.spec is None:
             raise RegionRoutingError(
                 "the table has no region spec, so rows cannot be routed: use table.region_writer(region_id)"
             )
+        table.check_writable(allow_non_key_region_columns)
         self.table = table
+        self._allow_non_key = allow_non_key_region_columns
         self.spec = table.spec
         self.config = config
         self.writers: dict[uuid.UUID, RegionWriter] = {}
@@ -193,7 +197,9 @@ class TableWriter:
                 self._check_open()  # (close() may have run since put() checked)
                 w = self._by_values.get(values)
                 if w is None:
-                    w = self.table.routed_writer(values, self.config)
+                    w = self.table.routed_writer(
+                        values, self.config, allow_non_key_region_columns=self._allow_non_key
+                    )
                     self.writers[w.region_id] = self._by_values[values] = w
         return w
 

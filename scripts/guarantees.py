@@ -66,6 +66,18 @@ GUARANTEES = {
         "followed by valid ones only with `discard_later`), after which memwal_df and Lance claim and "
         "replay the region again."
     ),
+    "one key, one region": (
+        "A primary key lives in exactly one region. A region spec may read primary-key columns only: "
+        "every transform over another column is refused with `NonKeyRegionColumnError` wherever a spec "
+        "is created or added (`create_table`, `memwal create`, `memwal_index.initialize`, "
+        "`replace_details`), and the refused create leaves nothing at the URI (local and S3). Over key "
+        "columns, random histories of upserts (changing every other column), deletes and flushes keep "
+        "each key in the generations of one region, for every transform, and SQL returns each key "
+        "once. A region writer opens an existing region or a new one named by its values: an unknown "
+        "region id on a table with a spec is refused (`UnknownRegionError`, API and `memwal ingest "
+        "--region`) and creates nothing. A table whose spec was made elsewhere on a non-key column "
+        "opens and reads, and every writer refuses it unless the caller opts in."
+    ),
     "fencing: one writer per epoch": (
         "Claimers racing for one region (processes, and threads on a slow store) each get their own "
         "epoch; no two acknowledged writes share a WAL position; the WAL holds exactly the acknowledged "
@@ -91,6 +103,7 @@ PROOF = {
         "a corrupt region among healthy ones: recover, writes, status, jobs, queries, repair"
     ),
     "test_load.py": "4 writer processes + job process + reader",
+    "test_region_integrity.py": "key-column region specs, phantom region ids, all-or-nothing create",
 }
 
 

@@ -381,6 +381,11 @@ def new_table(uri: str, options: dict[str, str] | None) -> mw.Table:
     )
 
 
+def manual_table(uri: str, options: dict[str, str] | None) -> mw.Table:
+    """A table without a region spec: its regions are created by hand, under any region id."""
+    return mw.create_table(uri, pa.Table.from_pylist(BASE, schema=SCHEMA), "id", storage_options=options)
+
+
 class Model:
     """The acknowledged state: key → row."""
 
@@ -462,7 +467,7 @@ COMMITTED = {"gen_after_manifest", "gen_after_hint"}
 def test_crash_during_memtable_flush(request, tmp_path, spawn, kind, point, k):
     """The child flushes k times (3 durable writes before each); the k-th flush dies at `point`."""
     uri, options = backend(request, kind, tmp_path)
-    new_table(uri, options)
+    manual_table(uri, options)
     rid = uuid.uuid4()
     model = Model()
     w = spawn(uri, options)
@@ -549,7 +554,7 @@ def test_crash_while_claiming_or_writing(request, tmp_path, spawn, kind, point, 
     """The region holds durable writes of an earlier (crashed) writer; a child claims it and writes.
     It dies after committing its claim, after its fence sentinel, or around its k-th WAL append."""
     uri, options = backend(request, kind, tmp_path)
-    table = new_table(uri, options)
+    table = manual_table(uri, options)
     rid = uuid.uuid4()
     model = Model()
     earlier = table.region_writer(rid)
@@ -697,7 +702,7 @@ def test_two_processes_race_to_claim_a_region(request, tmp_path, spawn, kind, ro
     claim's replay plus the generations give, for each key, the acknowledged write with the highest
     WAL position."""
     uri, options = backend(request, kind, tmp_path)
-    table = new_table(uri, options)
+    table = manual_table(uri, options)
     rid = uuid.uuid4()
     a, b = spawn(uri, options), spawn(uri, options)
     for w in (a, b):
@@ -801,7 +806,7 @@ def put_op(keys: list[int], tag: str) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_appendix1_writer_fencing_with_processes(request, tmp_path, spawn, kind):
     uri, options = backend(request, kind, tmp_path)
-    table = new_table(uri, options)
+    table = manual_table(uri, options)
     rid = uuid.uuid4()
     model = appendix_initial_state(table, rid)
     store = RegionManifestStore(table.storage, rid)
@@ -863,7 +868,7 @@ def test_fenced_non_durable_writer_reports_its_buffered_rows(request, tmp_path, 
     """Appendix 1 with a non-durable writer A: its rows not yet in the WAL when B claims are returned
     in `WriterFencedError.not_durable` and are nowhere in the table; its WAL-flushed rows survive."""
     uri, options = backend(request, kind, tmp_path)
-    table = new_table(uri, options)
+    table = manual_table(uri, options)
     rid = uuid.uuid4()
     model = Model()
     a, b = spawn(uri, options), spawn(uri, options)
@@ -965,7 +970,7 @@ def test_flush_whose_manifest_put_lost_its_answer_commits_once(monkeypatch, s3_b
     """On S3 a manifest PUT can land while the client sees a timeout. The flush must not be retried
     into a second directory listed as the same generation."""
     uri = f"s3://{s3_bucket}/{uuid.uuid4()}"
-    table = new_table(uri, s3_storage_options)
+    table = manual_table(uri, s3_storage_options)
     rid = uuid.uuid4()
     rw = table.region_writer(rid)
     apply_op(rw, put_op([1, 2], "x"))
@@ -990,7 +995,7 @@ def test_flush_retried_after_an_unresolvable_commit_error_lists_the_generation_o
     """Local storage: the manifest is linked into place, then fsync of the directory fails, so the
     commit raises though the version exists (no read-back can settle it). The writer retries the
     flush; the region must still list generation 1 once."""
-    table = new_table(str(tmp_path / "t"), None)
+    table = manual_table(str(tmp_path / "t"), None)
     rid = uuid.uuid4()
     rw = table.region_writer(rid)
     apply_op(rw, put_op([1, 2], "x"))
@@ -1006,7 +1011,7 @@ def test_flush_retried_after_an_unresolvable_commit_error_lists_the_generation_o
 
 
 def test_wal_append_that_raised_but_landed_does_not_fence_the_writer(monkeypatch, tmp_path):
-    table = new_table(str(tmp_path / "t"), None)
+    table = manual_table(str(tmp_path / "t"), None)
     rid = uuid.uuid4()
     rw = table.region_writer(rid)
     apply_op(rw, put_op([1], "a"))
@@ -1023,7 +1028,7 @@ def test_entries_without_rows_leave_nothing_to_recover(tmp_path):
     """Empty puts and deletes write nothing; a WAL entry without rows written by another writer (an
     older memwal_df wrote them for empty writes) is nothing to recover either: recover() used to
     re-claim such a region on every call, forever (a new epoch, sentinel and two versions each time)."""
-    table = new_table(str(tmp_path / "t"), None)
+    table = manual_table(str(tmp_path / "t"), None)
     rid = uuid.uuid4()
     rw = table.region_writer(rid)
     rw.put(SCHEMA.empty_table())

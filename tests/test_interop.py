@@ -726,37 +726,38 @@ def test_our_claim_fences_a_native_writer(table: mw.Table) -> None:
 
 
 def test_native_claim_fences_our_writer(table: mw.Table) -> None:
-    region_id = uuid.uuid4()
-    durable = table.region_writer(region_id)
-    durable.put(rows([100, 101], "o"))
+    k = [key for key in keys_in_bucket(table, 0, 40) if key >= 40][:7]  # new keys of bucket 0
+    durable = table.region_writer(values=(0,))
+    region_id = durable.region_id
+    durable.put(rows(k[0:2], "o"))
     native = lance_ds(table).mem_wal_writer(str(region_id))
     with pytest.raises(errors.WriterFencedError):
-        durable.put(rows([102], "lost"))
+        durable.put(rows([k[2]], "lost"))
     with pytest.raises(errors.WriterFencedError):
-        durable.delete([100])
+        durable.delete([k[0]])
     with pytest.raises(errors.WriterFencedError):
         durable.flush()
     durable.close()  # a fenced writer closes without flushing
-    native.put(rows([103], "n"))
+    native.put(rows([k[3]], "n"))
     native.close()
 
     # Non-durable: the rows still in our buffer come back on the error, for a retry elsewhere.
     buffered = table.region_writer(region_id, durable=False, max_wal_flush_interval_ms=600_000)
-    buffered.put(rows([104], "b"))
+    buffered.put(rows([k[4]], "b"))
     buffered.flush()  # durable now, and flushed
-    buffered.put(rows([105, 106], "late"))
+    buffered.put(rows(k[5:7], "late"))
     lance_ds(table).mem_wal_writer(str(region_id)).close()
     with pytest.raises(errors.WriterFencedError) as caught:
         buffered.flush()
     assert caught.value.not_durable.to_pylist() == [
-        {**r, "_tombstone": False} for r in rows([105, 106], "late").to_pylist()
+        {**r, "_tombstone": False} for r in rows(k[5:7], "late").to_pylist()
     ]
     buffered.close()
 
     model = Model(["id"], rows(range(40), "base"))
-    for data in (rows([100, 101], "o"), rows([103], "n"), rows([104], "b")):
+    for data in (rows(k[0:2], "o"), rows([k[3]], "n"), rows([k[4]], "b")):
         model.put(data)
-    assert_lance_reads(table, model, [100, 102, 104, 105])
+    assert_lance_reads(table, model, [k[0], k[2], k[4], k[5]])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -871,13 +872,21 @@ def test_fence_sentinels_match_native(tmp_path) -> None:
         assert o.SerializeToString() == n.SerializeToString()
 
 
-def test_claim_by_id_on_sharded_table_writes_native_manifest_bytes(tmp_path) -> None:
+def test_claim_of_a_native_region_on_sharded_table_writes_native_manifest_bytes(tmp_path) -> None:
+    """Lance's writer creates a region by id on a sharded table (its spec id, no region values).
+    memwal_df refuses to create one (`UnknownRegionError`: a region without values accepts any
+    key), but claims an existing one, writing the manifest Lance's own claim writes."""
     table = mw.create_table(str(tmp_path / "t"), rows(range(3), "base"), "id", region_spec=mw.bucket("id", 4))
     ours_id, native_id = uuid.uuid4(), uuid.uuid4()
+    with pytest.raises(errors.UnknownRegionError):
+        table.region_writer(ours_id)
+    assert table.region_ids() == []
+    for region_id in (ours_id, native_id):
+        lance.dataset(table.uri).mem_wal_writer(str(region_id)).close()
     table.region_writer(ours_id).close()
     lance.dataset(table.uri).mem_wal_writer(str(native_id)).close()
-    o = RegionManifestStore(table.storage, ours_id).read(1)
-    n = RegionManifestStore(table.storage, native_id).read(1)
-    assert n.shard_spec_id == 1
-    n.shard_id.uuid = ours_id.bytes
-    assert o.SerializeToString() == n.SerializeToString()
+    ours, native = history(table, ours_id), history(table, native_id)
+    assert len(ours) == len(native) >= 2 and native[0].shard_spec_id == 1
+    for o, n in zip(ours, native, strict=True):
+        n.shard_id.uuid = ours_id.bytes
+        assert o.SerializeToString() == n.SerializeToString()

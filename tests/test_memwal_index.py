@@ -21,6 +21,7 @@ from memwal_df.errors import (
     CorruptManifestError,
     InvalidConfigError,
     InvalidRegionSpecError,
+    NonKeyRegionColumnError,
     SchemaMismatchError,
     TableExistsError,
     TableNotFoundError,
@@ -396,14 +397,14 @@ NATIVE_CASES = {
                     spec_id=1,
                     fields=[
                         pb.ShardingField(
-                            field_id="bucket", source_ids=[1], transform="identity", result_type="utf8"
+                            field_id="bucket", source_ids=[0], transform="identity", result_type="int64"
                         )
                     ],
                 )
             ],
             maintain_all_indexes=True,
         ),
-        {"identity_column": "user"},
+        {"identity_column": "id"},
     ),
     "unsharded_empty_list": (
         pb.MemWalIndexDetails(
@@ -476,6 +477,27 @@ def _year_spec() -> pb.MemWalIndexDetails:
     )
 
 
+def _truncate_spec() -> pb.MemWalIndexDetails:
+    return pb.MemWalIndexDetails(
+        sharding_specs=[
+            pb.ShardingSpec(
+                spec_id=1,
+                fields=[
+                    pb.ShardingField(
+                        field_id="id_10",
+                        source_ids=[0],
+                        transform="truncate",
+                        result_type="int64",
+                        parameters={"width": "10"},
+                    )
+                ],
+            )
+        ],
+        maintain_all_indexes=True,
+        writer_config_defaults={"max_memtable_rows": "500"},  # partial: native cannot express it
+    )
+
+
 def _multi_bucket_spec() -> pb.MemWalIndexDetails:
     return pb.MemWalIndexDetails(
         num_shards=8,
@@ -485,7 +507,7 @@ def _multi_bucket_spec() -> pb.MemWalIndexDetails:
                 fields=[
                     pb.ShardingField(
                         field_id="mb",
-                        source_ids=[0, 1],
+                        source_ids=[0],
                         transform="multi_bucket",
                         result_type="int32",
                         parameters={"num_buckets": "8"},
@@ -498,7 +520,7 @@ def _multi_bucket_spec() -> pb.MemWalIndexDetails:
     )
 
 
-@pytest.mark.parametrize("make", [_year_spec, _multi_bucket_spec], ids=["year", "multi_bucket"])
+@pytest.mark.parametrize("make", [_truncate_spec, _multi_bucket_spec], ids=["truncate", "multi_bucket"])
 def test_initialize_non_native_roundtrip(tmp_path: Path, make: Callable[[], pb.MemWalIndexDetails]) -> None:
     details = make()
     uri = make_table(tmp_path / "t")
@@ -551,10 +573,14 @@ def test_initialize_errors(tmp_path: Path) -> None:
     bad_source = pb.MemWalIndexDetails(maintain_all_indexes=True, sharding_specs=[bucket_spec(4, source=42)])
     with pytest.raises(InvalidRegionSpecError):
         mi.initialize(uri, bad_source)
-    bad_transform = _year_spec()
+    bad_transform = _truncate_spec()
     bad_transform.sharding_specs[0].fields[0].transform = "century"
     with pytest.raises(InvalidRegionSpecError):
         mi.initialize(uri, bad_transform)
+    with pytest.raises(
+        NonKeyRegionColumnError, match=r"\['ts'\], which are not primary-key columns \['id'\]"
+    ):
+        mi.initialize(uri, _year_spec())  # a key must map to exactly one region
     with pytest.raises(InvalidConfigError):
         mi.initialize(uri, pb.MemWalIndexDetails(maintained_indexes=["nope"], maintain_all_indexes=False))
     assert mi.read_details(uri) is None  # nothing was committed
@@ -562,7 +588,7 @@ def test_initialize_errors(tmp_path: Path) -> None:
     with pytest.raises(TableExistsError):
         mi.initialize(uri, pb.MemWalIndexDetails(maintain_all_indexes=True))
     with pytest.raises(TableExistsError):
-        mi.initialize(uri, _year_spec())
+        mi.initialize(uri, _truncate_spec())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -848,10 +874,10 @@ def test_both_backends(table_uri: str, table_storage_options: dict[str, str] | N
     assert mi.read_details(table_uri, opts)[0] == details
     assert mi.read_details(table_uri, opts, version=2)[0].num_shards == 4
 
-    other = f"{table_uri}-year"
+    other = f"{table_uri}-truncate"
     lance.write_dataset(rows([1]), other, storage_options=opts)
-    mi.initialize(other, _year_spec(), opts)
-    assert mi.read_details(other, opts)[0] == _year_spec()
+    mi.initialize(other, _truncate_spec(), opts)
+    assert mi.read_details(other, opts)[0] == _truncate_spec()
     assert lance.dataset(other, storage_options=opts).mem_wal_index_details() is not None
 
 

@@ -590,7 +590,7 @@ def test_column_predicates_prune_regions_soundly(expr: pc.Expression, table: pa.
         + rs.month("d", field_id="m")
         + rs.identity("f", field_id="f")
         + rs.bucket("i32", 4, field_id="b32")
-    ).bind(ids, table.schema)
+    ).bind(ids, table.schema, primary_key=table.column_names)
     per_row = list(zip(*(a.to_pylist() for a in spec.evaluate(table, ids)), strict=True))
     kept = spec.prune(per_row, P.column_predicates(expr))
     for m, region in zip(_mask(table, expr), per_row, strict=True):

@@ -268,7 +268,7 @@ def test_type_promotion_matches_native_not_spec() -> None:
     # widening within the 4-byte class is stable
     assert ours(pa.array([5, -5], pa.int8()), 1024) == ours(pa.array([5, -5], pa.int32()), 1024)
     # identity values survive promotion
-    spec = rs.identity("k").bind({"k": 0}, pa.schema([("k", pa.int32())]))
+    spec = rs.identity("k").bind({"k": 0}, pa.schema([("k", pa.int32())]), primary_key=["k"])
     assert spec.evaluate(pa.table({"k": i64}), {"k": 0})[0].to_pylist() == [5, -5, 123456]
 
 
@@ -277,7 +277,7 @@ def test_unsupported_types() -> None:
         murmur3_32_spark(pa.array([[1]]))
     assert not is_native_bucket_type(pa.binary()) and is_native_bucket_type(pa.large_utf8())
     with pytest.raises(InvalidRegionSpecError):
-        rs.bucket("k", 4).bind({"k": 0}, pa.schema([("k", pa.list_(pa.int32()))]))
+        rs.bucket("k", 4).bind({"k": 0}, pa.schema([("k", pa.list_(pa.int32()))]), primary_key=["k"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def test_to_proto_bytes_equal_native(tmp_path: Path, kwargs: dict, ours_spec: rs
     ds = lance.dataset(uri)
     raw = native_details_bytes(uri)
     (native_spec_bytes,) = _raw_fields(raw, 7)  # MemWalIndexDetails.sharding_specs
-    bound = ours_spec.bind(rs.lance_field_ids(ds), ds.schema)
+    bound = ours_spec.bind(rs.lance_field_ids(ds), ds.schema, primary_key=ds.schema.names)
     assert bound.to_proto().SerializeToString() == native_spec_bytes
     assert bound.to_dict() == ds.mem_wal_index_details()["sharding_specs"][0]
     assert (bound.num_regions or 0) == pb.MemWalIndexDetails.FromString(raw).num_shards
@@ -437,16 +437,16 @@ def test_to_proto_bytes_equal_native(tmp_path: Path, kwargs: dict, ours_spec: rs
 def test_native_proto_shapes() -> None:
     field_ids = {"id": 0, "user": 1}
     schema = pa.schema([("id", pa.int64()), ("user", pa.utf8())])
-    b = rs.bucket("id", 4).bind(field_ids, schema).to_proto()
+    b = rs.bucket("id", 4).bind(field_ids, schema, primary_key=schema.names).to_proto()
     assert b.SerializeToString() == bytes.fromhex(
         "0801122c"
         "0a06" + b"bucket".hex() + "120100"
         "1a06" + b"bucket".hex() + "2a05" + b"int32".hex() + "3210"
         "0a0b" + b"num_buckets".hex() + "120134"
     )
-    u = rs.unsharded().bind(field_ids, schema).to_proto().fields[0]
+    u = rs.unsharded().bind(field_ids, schema, primary_key=schema.names).to_proto().fields[0]
     assert list(u.source_ids) == [] and u.transform == "unsharded" and not u.HasField("expression")
-    i = rs.identity("user").bind(field_ids, schema).to_proto().fields[0]
+    i = rs.identity("user").bind(field_ids, schema, primary_key=schema.names).to_proto().fields[0]
     assert (i.field_id, list(i.source_ids), i.result_type) == ("bucket", [1], "utf8")
 
 
@@ -510,7 +510,7 @@ def test_identity_and_unsharded() -> None:
     arr = pa.array(["a", None, "b"])
     assert rs.Identity().apply([arr]).to_pylist() == ["a", None, "b"]
     assert rs.Unsharded().apply([], num_rows=3).to_pylist() == [0, 0, 0]
-    spec = rs.unsharded().bind({}, pa.schema([]))
+    spec = rs.unsharded().bind({}, pa.schema([]), primary_key=[])
     assert spec.evaluate(pa.table({"x": [1, 2]}), {"x": 0})[0].to_pylist() == [0, 0]
     assert spec.num_regions == 1
 
@@ -651,7 +651,7 @@ def test_projection_shapes() -> None:
 
 def test_prune_bucket_spec() -> None:
     schema = pa.schema([("user_id", pa.int64()), ("name", pa.utf8())])
-    spec = rs.bucket("user_id", 10).bind({"user_id": 0, "name": 1}, schema)
+    spec = rs.bucket("user_id", 10).bind({"user_id": 0, "name": 1}, schema, primary_key=["user_id"])
     regions = [(b,) for b in range(10)]
     want = rs.Bucket(10).apply([pa.array([123], pa.int64())])[0].as_py()
     assert spec.prune(regions, {"user_id": Eq(123)}) == [(want,)]
@@ -672,7 +672,7 @@ def test_prune_multi_field_spec() -> None:
         rs.year("ts", field_id="y")
         + rs.identity("tenant", field_id="t")
         + rs.multi_bucket(["tenant", "id"], 4, field_id="b")
-    ).bind(ids, schema)
+    ).bind(ids, schema, primary_key=list(ids))
     regions = [(y, t, b) for y in (2022, 2023, 2024) for t in ("a", "b", None) for b in range(4)]
     bucket_a7 = rs.MultiBucket(4).apply([pa.array(["a"]), pa.array([7], pa.int64())])[0].as_py()
     kept = spec.prune(regions, {"ts": Range(lo=dt.datetime(2023, 6, 1)), "tenant": Eq("a"), "id": Eq(7)})
@@ -687,7 +687,10 @@ def test_prune_multi_field_spec() -> None:
 
 def _eval(spec: rs.UnboundRegionSpec, table: pa.Table) -> list[list]:
     ids = {n: i for i, n in enumerate(table.schema.names)}
-    return [a.to_pylist() for a in spec.bind(ids, table.schema).evaluate(table, ids)]
+    return [
+        a.to_pylist()
+        for a in spec.bind(ids, table.schema, primary_key=table.column_names).evaluate(table, ids)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -779,7 +782,7 @@ def test_expression_errors() -> None:
         "'unterminated",
     ]:
         with pytest.raises(InvalidRegionSpecError):
-            rs.expression(sql, ["k"], "int64").bind({"k": 0}, schema)
+            rs.expression(sql, ["k"], "int64").bind({"k": 0}, schema, primary_key=["k"])
     assert rs.Expression("'now()' || col0").sql  # quoted volatile names are fine
 
 
@@ -804,7 +807,7 @@ def test_removed_source_column_reads_as_null(tmp_path: Path) -> None:
         rs.bucket("tenant", 8, field_id="b")
         + rs.identity("tenant", field_id="i")
         + rs.expression("coalesce(col0, 'none')", ["tenant"], "utf8", field_id="e")
-    ).bind(ids, ds.schema)
+    ).bind(ids, ds.schema, primary_key=ds.schema.names)
     ds.drop_columns(["tenant"])
     ds = lance.dataset(str(tmp_path / "t"))
     ids_after = rs.lance_field_ids(ds)
@@ -828,11 +831,11 @@ def test_zero_rows() -> None:
         + rs.unsharded(field_id="u")
     )
     ids = {"ts": 0, "n": 1, "s": 2}
-    assert [len(a) for a in spec.bind(ids, schema).evaluate(table, ids)] == [0] * 6
+    assert [len(a) for a in spec.bind(ids, schema, primary_key=list(ids)).evaluate(table, ids)] == [0] * 6
 
 
 def test_missing_column_in_data_is_an_error() -> None:
-    spec = rs.bucket("id", 4).bind({"id": 0}, pa.schema([("id", pa.int64())]))
+    spec = rs.bucket("id", 4).bind({"id": 0}, pa.schema([("id", pa.int64())]), primary_key=["id"])
     with pytest.raises(RegionRoutingError):
         spec.evaluate(pa.table({"other": [1]}), {"id": 0, "other": 1})
 
@@ -866,13 +869,15 @@ def test_spec_errors() -> None:
     with pytest.raises(InvalidRegionSpecError):
         rs.truncate("id", 0)
     with pytest.raises(InvalidRegionSpecError, match="unknown columns"):
-        rs.bucket("nope", 4).bind(ids, schema)
+        rs.bucket("nope", 4).bind(ids, schema, primary_key=list(ids))
     with pytest.raises(InvalidRegionSpecError):
-        rs.year("s").bind(ids, schema)
+        rs.year("s").bind(ids, schema, primary_key=list(ids))
     with pytest.raises(InvalidRegionSpecError):
-        rs.truncate("s", 2).bind(ids, pa.schema([("id", pa.int64()), ("s", pa.float64())]))
+        rs.truncate("s", 2).bind(
+            ids, pa.schema([("id", pa.int64()), ("s", pa.float64())]), primary_key=list(ids)
+        )
     with pytest.raises(InvalidRegionSpecError, match="duplicate"):
-        (rs.bucket("id", 4) + rs.identity("s")).bind(ids, schema)
+        (rs.bucket("id", 4) + rs.identity("s")).bind(ids, schema, primary_key=list(ids))
     with pytest.raises(InvalidRegionSpecError):
         rs.multi_bucket([], 4)
     with pytest.raises(InvalidRegionSpecError):
@@ -1004,7 +1009,7 @@ def test_lance_field_ids(tmp_path: Path) -> None:
 
 
 def test_describe() -> None:
-    spec = rs.bucket("id", 4).bind({"id": 3}, pa.schema([("id", pa.int64())]))
+    spec = rs.bucket("id", 4).bind({"id": 3}, pa.schema([("id", pa.int64())]), primary_key=["id"])
     d = spec.describe()
     assert d["fields"][0]["columns"] == ["id"] and d["fields"][0]["display"] == "bucket[4](id)"
     assert rs.RegionSpec.from_proto(spec.to_proto()).describe()["fields"][0]["display"] == "bucket[4](#3)"

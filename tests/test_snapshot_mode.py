@@ -89,7 +89,7 @@ def table(table_uri: str, table_storage_options: dict[str, str] | None) -> mw.Ta
 
 def test_snapshot_schema_is_the_specs() -> None:
     specs = {
-        1: RegionSpec.from_proto(mw.bucket("id", 4).bind({"id": 0}, SCHEMA).to_proto()),
+        1: RegionSpec.from_proto(mw.bucket("id", 4).bind({"id": 0}, SCHEMA, primary_key=["id"]).to_proto()),
     }
     schema = region_snapshot.snapshot_schema(specs)
     assert [(f.name, f.type) for f in schema] == [
@@ -303,10 +303,12 @@ def test_more_than_the_threshold_goes_to_an_external_file(tmp_path) -> None:
 
 
 def test_builder_advances_stale_wal_hints(table: mw.Table) -> None:
-    region_id = uuid.uuid4()
-    rw = table.region_writer(region_id)
-    rw.put(rows([100], "a"))
-    rw.put(rows([101], "b"))  # two durable WAL entries; the manifest does not know them yet
+    (buckets,) = table.spec.evaluate(rows(range(100, 120), "k"), table.schema.field_ids)
+    a, b = [k for k, bucket in zip(range(100, 120), buckets.to_pylist(), strict=True) if bucket == 0][:2]
+    rw = table.region_writer(values=(0,))
+    region_id = rw.region_id
+    rw.put(rows([a], "a"))
+    rw.put(rows([b], "b"))  # two durable WAL entries; the manifest does not know them yet
     store = RegionManifestStore(table.storage, region_id)
     assert store.latest().wal_entry_position_last_seen == 0
     built = table.build_index()
@@ -314,7 +316,7 @@ def test_builder_advances_stale_wal_hints(table: mw.Table) -> None:
     assert store.latest().wal_entry_position_last_seen == 2
     assert table.build_index().last_seen_advanced == 0
     rw.close()  # the writer is not fenced by the builder's manifest commit
-    assert {100, 101} <= set(read(table, "latest"))
+    assert {a, b} <= set(read(table, "latest"))
 
 
 def test_build_keeps_configuration_and_merge_progress(table: mw.Table) -> None:

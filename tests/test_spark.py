@@ -20,11 +20,17 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lance_made import foreign_spec_table, lance_made_table
 from reference import model_rows, stored_rows
 
 import memwal_df as mw
 from memwal_df import layout, lease
-from memwal_df.errors import RegionRoutingError, SchemaMismatchError, WriterFencedError
+from memwal_df.errors import (
+    NonKeyRegionColumnError,
+    RegionRoutingError,
+    SchemaMismatchError,
+    WriterFencedError,
+)
 from memwal_df.wal import Wal
 from memwal_df.writer import TableWriter, region_of_row
 
@@ -162,11 +168,14 @@ def test_overwrite_and_unroutable_rows_are_refused(spark, tmp_path):
     with pytest.raises(Exception, match="lease_ttl_s"):
         save(df, uri, lease_ttl_s="soon")
     assert mw.MemWalTable(uri).to_table().num_rows == 0
-    by_category = mw.create_table(str(tmp_path / "c"), SCHEMA, "id", region_spec=mw.identity("category"))
+    c_uri = str(tmp_path / "c")
+    by_category = lance_made_table(c_uri, SCHEMA.empty_table(), "id", identity_column="category")
     with pytest.raises(RegionRoutingError, match="non-key columns"):
         mws.delete(df.select("id"), by_category)
-    with pytest.raises(Exception, match="non-key columns"):
+    with pytest.raises(Exception, match="not primary-key columns"):
         save(df.select("id"), by_category.uri, operation="delete")
+    with pytest.raises(NonKeyRegionColumnError, match="allow_non_key_region_columns"):
+        mws.write(df, by_category)
 
 
 # ------------------------------------------------------------------------------ unrouted saves
@@ -357,8 +366,8 @@ SPECS = {
 def test_spark_routing_equals_the_writers_routing(spark, tmp_path):
     data = routing_data()
     df = spark.createDataFrame(data)
-    for name, spec in SPECS.items():
-        table = mw.create_table(str(tmp_path / name), data.schema, "id", region_spec=spec)
+    for name, spec in SPECS.items():  # specs over any column: routing, not the key rule, is tested here
+        table = foreign_spec_table(str(tmp_path / name), data.schema.empty_table(), "id", spec)
         routed = mws.route(df, table).select("id", mws.ROUTE).toArrow()
         by_id = dict(zip(routed.column("id").to_pylist(), routed.column(mws.ROUTE).to_pylist(), strict=True))
         assert len(by_id) == data.num_rows, name
@@ -607,7 +616,7 @@ def test_the_spark_example_runs_and_checks_itself(spark, tmp_path, capsys):
 def test_dates_and_timestamps_round_trip(spark, tmp_path):
     uri = str(tmp_path / "t")
     schema = pa.schema([("id", pa.int32()), ("d", pa.date32()), ("ts", pa.timestamp("us"))])
-    mw.create_table(uri, schema, "id", region_spec=mw.day("d"))
+    foreign_spec_table(uri, schema.empty_table(), "id", mw.day("d"))  # routed by a non-key date
     data = pa.table(
         {
             "id": pa.array([1, 2, 3], pa.int32()),
@@ -615,7 +624,7 @@ def test_dates_and_timestamps_round_trip(spark, tmp_path):
             "ts": pa.array([dt.datetime(2024, 1, 31, 23, 59, 59, 999999), None, dt.datetime(1970, 1, 1)]),
         }
     ).cast(schema)
-    mws.write(spark.createDataFrame(data), uri)
+    mws.write(spark.createDataFrame(data), uri, allow_non_key_region_columns=True)
     want = data.to_pylist()
     assert mw.MemWalTable(uri).to_table().sort_by("id").to_pylist() == want
     assert spark_rows(spark, uri).sort_by("id").to_pylist() == want  # the session's time zone is not applied

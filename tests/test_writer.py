@@ -49,6 +49,12 @@ def table(table_uri, table_storage_options):
     )
 
 
+@pytest.fixture
+def manual_table(table_uri, table_storage_options):
+    """A table without a region spec: its regions are created by hand, under any region id."""
+    return mw.create_table(table_uri, rows([1, 2, 3], "base"), "id", storage_options=table_storage_options)
+
+
 def test_put_delete_flush_roundtrip(table):
     a, b = rows(range(0, 40)), rows(range(20, 60), "b")
     with table.writer() as w:
@@ -109,12 +115,12 @@ def test_replay_rebuilds_memtable_with_fence_sentinel(table):
     assert RegionManifestStore(table.storage, rid).latest().replay_after_wal_entry_position == 3
 
 
-def test_fenced_writer_fails_and_new_writer_keeps_its_entries(table):
+def test_fenced_writer_fails_and_new_writer_keeps_its_entries(manual_table):
     """Appendix 1: A's entries written before B claimed are replayed by B; A is fenced afterwards."""
     rid = uuid.uuid4()
-    a = table.region_writer(rid)
+    a = manual_table.region_writer(rid)
     a.put(rows([1, 2]))
-    b = table.region_writer(rid)
+    b = manual_table.region_writer(rid)
     with pytest.raises(errors.WriterFencedError):
         a.put(rows([3]))
     with pytest.raises(errors.WriterFencedError):
@@ -122,7 +128,7 @@ def test_fenced_writer_fails_and_new_writer_keeps_its_entries(table):
     b.put(rows([4]))
     b.close()
     a.close()  # closing a fenced writer does not raise
-    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([1, 2]), rows([4]))
+    assert stored_rows(manual_table) == expected(rows([1, 2, 3], "base"), rows([1, 2]), rows([4]))
 
 
 def _wait_for_entry(wal: Wal, position: int, timeout_s: float = 10.0):
@@ -132,27 +138,29 @@ def _wait_for_entry(wal: Wal, position: int, timeout_s: float = 10.0):
     return entry
 
 
-def test_non_durable_writes_batch_into_multi_batch_entries(table):
+def test_non_durable_writes_batch_into_multi_batch_entries(manual_table):
     rid = uuid.uuid4()
-    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000, max_wal_buffer_batches=5)
+    w = manual_table.region_writer(
+        rid, durable=False, max_wal_flush_interval_ms=60_000, max_wal_buffer_batches=5
+    )
     for i in range(5):
         w.put(rows([10 + i]))
-    entry = _wait_for_entry(Wal(table.storage, rid), 1)  # the 5th write filled the buffer
+    entry = _wait_for_entry(Wal(manual_table.storage, rid), 1)  # the 5th write filled the buffer
     assert len(entry.batches) == 5 and entry.generation == 1
     w.close()
 
 
-def test_sealed_non_durable_writes_are_made_durable_by_their_generation(table):
+def test_sealed_non_durable_writes_are_made_durable_by_their_generation(manual_table):
     """Writes still buffered when their MemTable is sealed get no WAL entry: the generation holds them.
     A newer WAL entry waits for that generation's commit (here stalled), so that a crash can never
     keep newer writes and lose older ones."""
     from faulty_storage import FaultPlan, FaultyStorage
 
     plan = FaultPlan(delay_s=0.5)
-    table.storage = FaultyStorage(table.storage, plan)
+    manual_table.storage = FaultyStorage(manual_table.storage, plan)
     rid = uuid.uuid4()
-    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=10, max_memtable_rows=4)
-    wal, store = Wal(table.storage, rid), RegionManifestStore(table.storage, rid)
+    w = manual_table.region_writer(rid, durable=False, max_wal_flush_interval_ms=10, max_memtable_rows=4)
+    wal, store = Wal(manual_table.storage, rid), RegionManifestStore(manual_table.storage, rid)
     plan.force("delay", lambda op, path: op == "put" and path.endswith("_gen_1/bloom_filter.bin"))
     w.put(rows([1, 2, 3, 4]))  # seals generation 1 before its WAL entry was due
     w.put(rows([5], "b"))  # due after 10 ms, but generation 1 is not committed for 0.5 s
@@ -163,25 +171,25 @@ def test_sealed_non_durable_writes_are_made_durable_by_their_generation(table):
     assert [s.generation for s in store.latest().sstables] == [1]  # committed before the entry
     assert plan.injected["delay"] == 1
     w.abort()  # a crash: generation 1 and the WAL entry after it are all there is
-    assert table.recover() == [rid]  # replays entry 1 into generation 2
-    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([1, 2, 3, 4]), rows([5], "b"))
+    assert manual_table.recover() == [rid]  # replays entry 1 into generation 2
+    assert stored_rows(manual_table) == expected(rows([1, 2, 3], "base"), rows([1, 2, 3, 4]), rows([5], "b"))
 
 
-def test_non_durable_writes_are_lost_on_crash_before_the_interval(table):
+def test_non_durable_writes_are_lost_on_crash_before_the_interval(manual_table):
     rid = uuid.uuid4()
-    w = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
+    w = manual_table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
     w.put(rows([10]))
     w.abort()
-    with table.region_writer(rid) as w2:
+    with manual_table.region_writer(rid) as w2:
         assert w2.memtables[-1].num_rows == 0
 
 
-def test_memtable_flushes_by_row_threshold(table):
+def test_memtable_flushes_by_row_threshold(manual_table):
     rid = uuid.uuid4()
-    with table.region_writer(rid, max_memtable_rows=10) as w:
+    with manual_table.region_writer(rid, max_memtable_rows=10) as w:
         for i in range(5):
             w.put(rows(range(i * 10, i * 10 + 10)))
-    m = RegionManifestStore(table.storage, rid).latest()
+    m = RegionManifestStore(manual_table.storage, rid).latest()
     assert [s.generation for s in m.sstables] == [1, 2, 3, 4, 5]
     assert m.current_generation == 6
 
@@ -222,19 +230,19 @@ def test_key_routed_to_the_wrong_region_is_rejected(table):
     assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows(mine))
 
 
-def test_truncated_wal_entry_gives_typed_error_naming_the_file(table):
+def test_truncated_wal_entry_gives_typed_error_naming_the_file(manual_table):
     rid = uuid.uuid4()
-    w = table.region_writer(rid)
+    w = manual_table.region_writer(rid)
     w.put(rows([1, 2, 3]))
     w.abort()
     path = layout.wal_path(rid, 1)
-    data = table.storage.get(path)
-    table.storage.put(path, data[: len(data) // 2])
+    data = manual_table.storage.get(path)
+    manual_table.storage.put(path, data[: len(data) // 2])
     with pytest.raises(errors.CorruptWalEntryError) as e:
-        table.region_writer(rid)
+        manual_table.region_writer(rid)
     assert path in str(e.value)
-    table.storage.put(path, data)  # restored: the region is usable again
-    with table.region_writer(rid) as w2:
+    manual_table.storage.put(path, data)  # restored: the region is usable again
+    with manual_table.region_writer(rid) as w2:
         assert w2.memtables[-1].num_rows == 3
 
 
@@ -273,7 +281,7 @@ def test_missing_primary_key_column_is_rejected(tmp_path):
         mw.create_table(str(tmp_path / "t"), SCHEMA, "nope")
 
 
-def test_backpressure_blocks_then_times_out_with_a_clear_error(table, monkeypatch):
+def test_backpressure_blocks_then_times_out_with_a_clear_error(manual_table, monkeypatch):
     """Writes block while unflushed bytes exceed the limit and fail with a typed error after the timeout."""
     import threading
 
@@ -287,7 +295,7 @@ def test_backpressure_blocks_then_times_out_with_a_clear_error(table, monkeypatc
         return real(*args, **kwargs)
 
     monkeypatch.setattr(region, "write_generation", slow_write_generation)
-    w = table.region_writer(
+    w = manual_table.region_writer(
         uuid.uuid4(), max_memtable_rows=10, max_unflushed_memtable_bytes=1, backpressure_timeout_s=0.3
     )
     w.put(rows(range(10)))  # fills the MemTable: sealed, its flush stalls
@@ -299,16 +307,16 @@ def test_backpressure_blocks_then_times_out_with_a_clear_error(table, monkeypatc
         time.sleep(0.01)
     w.put(rows([101]))
     w.close()
-    got = stored_rows(table)
+    got = stored_rows(manual_table)
     assert set(range(10)) | {101} <= set(got)
     assert 100 not in got  # the write that timed out was not applied
 
 
-def test_fenced_non_durable_writer_reports_what_was_not_made_durable(table):
+def test_fenced_non_durable_writer_reports_what_was_not_made_durable(manual_table):
     rid = uuid.uuid4()
-    a = table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
+    a = manual_table.region_writer(rid, durable=False, max_wal_flush_interval_ms=60_000)
     a.put(rows([1, 2]))
-    b = table.region_writer(rid)  # claims: A's buffered rows never reached the WAL
+    b = manual_table.region_writer(rid)  # claims: A's buffered rows never reached the WAL
     with pytest.raises(errors.WriterFencedError) as e:
         a.flush()
     assert sorted(e.value.not_durable.column("id").to_pylist()) == [1, 2]
@@ -316,10 +324,14 @@ def test_fenced_non_durable_writer_reports_what_was_not_made_durable(table):
         a.put(rows([3]))
     b.close()
     a.close()
-    assert {r["id"]: r["name"] for r in stored_rows(table).values()} == {1: "base1", 2: "base2", 3: "base3"}
+    assert {r["id"]: r["name"] for r in stored_rows(manual_table).values()} == {
+        1: "base1",
+        2: "base2",
+        3: "base3",
+    }
 
 
-def test_failed_generation_write_retries_in_a_new_directory(table, monkeypatch):
+def test_failed_generation_write_retries_in_a_new_directory(manual_table, monkeypatch):
     from memwal_df import generation
 
     calls = {"n": 0}
@@ -333,23 +345,27 @@ def test_failed_generation_write_retries_in_a_new_directory(table, monkeypatch):
 
     monkeypatch.setattr(generation, "write_pk_index", failing_once)
     rid = uuid.uuid4()
-    with table.region_writer(rid) as w:
+    with manual_table.region_writer(rid) as w:
         w.put(rows([40, 41]))
-    m = RegionManifestStore(table.storage, rid).latest()
+    m = RegionManifestStore(manual_table.storage, rid).latest()
     assert [s.generation for s in m.sstables] == [1]
-    dirs = [d for d in table.storage.list_dir(layout.region_dir(rid)) if layout.parse_generation_dir_name(d)]
+    dirs = [
+        d
+        for d in manual_table.storage.list_dir(layout.region_dir(rid))
+        if layout.parse_generation_dir_name(d)
+    ]
     assert len(dirs) == 2 and m.sstables[0].path in dirs  # the failed attempt's directory is not referenced
-    assert {40, 41} <= set(stored_rows(table))
+    assert {40, 41} <= set(stored_rows(manual_table))
 
 
 def test_empty_writes_write_nothing(table):
-    rid = uuid.uuid4()
-    with table.region_writer(rid) as w:
+    (bucket,) = table.spec.evaluate(rows([9]), table.schema.field_ids)
+    with table.region_writer(values=(bucket[0].as_py(),)) as w:
         w.put(rows([]))
         w.delete([])
         w.put(rows([9]))
         w.put([])
-    entries = list(Wal(table.storage, rid).scan(1))
+    entries = list(Wal(table.storage, w.region_id).scan(1))
     assert [e.num_rows for e in entries] == [1]
     with table.writer() as tw:
         tw.put(rows([]))

@@ -110,16 +110,6 @@ def table_of(args: argparse.Namespace) -> Table:
     return open_table(args.uri, storage_options(args))
 
 
-def spec_text(table: Table) -> str:
-    """The table's current region spec over column names, e.g. `bucket[4](id)`; `none` without one."""
-    if table.spec is None:
-        return "none"
-    names = {i: n for n, i in table.schema.field_ids.items()}
-    return " + ".join(
-        f"{f.transform}({', '.join(names.get(i, f'#{i}') for i in f.source_ids)})" for f in table.spec.fields
-    )
-
-
 def existing_file(path: str) -> Path:
     """`path` as a Path; FileNotFoundError (exit code 3) when it is not a file."""
     p = Path(path)

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         "base_version": table.dataset.version,
         "base_rows": table.dataset.count_rows(),
         "primary_key": pk,
-        "region_spec": c.spec_text(table),
+        "region_spec": table.spec_text(),
         "schema": [f"{f.name}: {f.type}" for f in table.schema.schema],
     }
     c.emit(args, info, lambda: _text(info))

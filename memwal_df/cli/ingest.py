@@ -60,7 +60,17 @@ def _writer_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="wait for each write's WAL entry (default: the table's writer default)",
     )
-    p.add_argument("--region", help="write to this region id only (tables without a region spec)")
+    p.add_argument(
+        "--region",
+        help="write to this region id only: any id on a table without a region spec, an existing "
+        "region's id on a table with one (new regions there are created by routing)",
+    )
+    p.add_argument(
+        "--allow-non-key-region-columns",
+        action="store_true",
+        help="write to a table whose region spec (made elsewhere) reads columns outside the primary key; "
+        "never change those columns of an existing key",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -129,8 +139,12 @@ def _keys_of(batch: pa.RecordBatch, primary_key: tuple[str, ...]) -> pa.RecordBa
 
 def _writer(table: Table, args: argparse.Namespace) -> Any:
     if args.region:
-        return table.region_writer(parse_region_id(args.region, "--region"), durable=args.durable)
-    return table.writer(durable=args.durable)
+        return table.region_writer(
+            parse_region_id(args.region, "--region"),
+            durable=args.durable,
+            allow_non_key_region_columns=args.allow_non_key_region_columns,
+        )
+    return table.writer(durable=args.durable, allow_non_key_region_columns=args.allow_non_key_region_columns)
 
 
 def _regions(writer: Any) -> list[str]:

@@ -41,7 +41,7 @@ def collect(table: Table, check_wal: bool = True) -> dict[str, Any]:
         regions.append(d)
     return {
         **c.plain(st),
-        "region_spec_text": c.spec_text(table),
+        "region_spec_text": table.spec_text(),
         "indexes": sorted({m.name for m in memwal_index.read_index_section(table.storage)[1]}),
         "region_snapshot_ms": table.details.snapshot_ts_millis or None,  # the last build-index
         "regions": regions,

@@ -12,7 +12,9 @@ partition's operator tree. Pushed filters (`memwal_df.spark.filters`) are applie
 deduplication. Option `base_partitions` (default: this machine's cores) sets the base spans.
 
 Write (mode "append"), option `operation` = "upsert" (default) or "delete" (rows are primary keys),
-option `durable` (default true: one fsync'd WAL entry per batch and region):
+option `durable` (default true: one fsync'd WAL entry per batch and region), option
+`allow_non_key_region_columns` (default false: a table whose region spec, made elsewhere, reads
+columns outside the primary key is refused with `NonKeyRegionColumnError`, see `Table.writer`):
 * routed rows (column `__memwal_region`, one partition per region: `memwal_df.spark.route`, used by
   `memwal_df.spark.write` / `delete`) are written by `MemWalWriter`: each task writes its rows
   through a `TableWriter`, which claims each of its regions (fencing every earlier writer of the
@@ -201,12 +203,14 @@ class MemWalWriter(DataSourceArrowWriter):
         if self.operation not in OPERATIONS:
             raise InvalidConfigError(f"operation must be one of {OPERATIONS}, got {self.operation!r}")
         self.durable = options.get("durable", "true").lower() != "false"
+        self.allow_non_key = options.get("allow_non_key_region_columns", "false").lower() == "true"
+        ref.open().check_writable(self.allow_non_key)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
         """Write this task's routed rows (see the module docstring); its regions are flushed at the end."""
         table = self.ref.open()
         rows = 0
-        with table.writer(durable=self.durable) as writer:
+        with table.writer(durable=self.durable, allow_non_key_region_columns=self.allow_non_key) as writer:
             for batch in iterator:
                 data = pa.Table.from_batches([batch.drop_columns([ROUTE])])
                 if self.operation == "delete":
@@ -237,7 +241,7 @@ class StagedWriter(MemWalWriter):
     def __init__(self, ref: TableRef, schema: StructType, options: dict[str, str]) -> None:
         super().__init__(ref, options)
         check_routable(ref.open(), schema.names, keys_only=self.operation == "delete")
-        self.job = StagedJob.from_options(self.operation, self.durable, options)
+        self.job = StagedJob.from_options(self.operation, self.durable, options, self.allow_non_key)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
         """Stage this task's rows, then write them region by region (module `staging`)."""

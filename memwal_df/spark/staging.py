@@ -61,9 +61,16 @@ class StagedJob:
     memory_bytes: int = DEFAULT_STAGE_MEMORY_BYTES
     lease_ttl: timedelta = DEFAULT_LEASE_TTL
     spill_dir: str | None = None
+    allow_non_key_region_columns: bool = False
 
     @classmethod
-    def from_options(cls, operation: str, durable: bool, options: dict[str, str]) -> StagedJob:
+    def from_options(
+        cls,
+        operation: str,
+        durable: bool,
+        options: dict[str, str],
+        allow_non_key_region_columns: bool = False,
+    ) -> StagedJob:
         """A new job (fresh id) with the data source options `stage_memory_bytes`, `lease_ttl_s`
         and `spill_dir`."""
         try:
@@ -74,7 +81,15 @@ class StagedJob:
         if memory < 0 or ttl <= 0:
             raise InvalidConfigError("stage_memory_bytes must be >= 0 and lease_ttl_s > 0")
         spill = options.get("spill_dir") or None
-        return cls(uuid.uuid4().hex, operation, durable, memory, timedelta(seconds=ttl), spill)
+        return cls(
+            uuid.uuid4().hex,
+            operation,
+            durable,
+            memory,
+            timedelta(seconds=ttl),
+            spill,
+            allow_non_key_region_columns,
+        )
 
     def lease_dir(self, region: uuid.UUID | None = None) -> str:
         return layout.write_lease_dir(self.job, region)
@@ -267,7 +282,9 @@ def _lease_after_fence(
 
 def _write_region(table: Table, stage: RegionStage, job: StagedJob, region: uuid.UUID) -> int:
     """Claim `region` and write all its staged rows, then flush and close; the epoch written with."""
-    with table.writer(durable=job.durable) as writer:
+    with table.writer(
+        durable=job.durable, allow_non_key_region_columns=job.allow_non_key_region_columns
+    ) as writer:
         write: Any = writer.delete if job.operation == "delete" else writer.put
         for chunk in stage.chunks(region, writer.config.max_memtable_rows):
             write(chunk)
