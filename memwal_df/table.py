@@ -31,6 +31,7 @@ from memwal_df.errors import (
     CorruptManifestError,
     CorruptRegionsError,
     CorruptWalEntryError,
+    InvalidArgumentError,
     InvalidConfigError,
     NonKeyRegionColumnError,
     NotFoundError,
@@ -178,8 +179,8 @@ class Table:
         the one region the spec assigns it: a `region_id` that names no existing region raises
         `UnknownRegionError`. On a table without a spec regions are created by hand: any new
         `region_id` (a UUID) is a new region. `allow_non_key_region_columns`: see `writer`."""
-        if (region_id is None) == (values is None):
-            raise TypeError("region_writer takes a region id or values=, exactly one of them")
+        if region_id is not None and values is not None:
+            raise InvalidArgumentError("region_writer takes a region id or values=, not both")
         self.check_writable(allow_non_key_region_columns)
         config = config or self._config(durable, indexed, settings)
         if values is not None:
