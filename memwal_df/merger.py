@@ -50,6 +50,7 @@ from memwal_df.errors import (
     InvalidConfigError,
     MissingGenerationError,
 )
+from memwal_df.exec._cache import described_indices
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.storage import Storage
 
@@ -183,14 +184,14 @@ class _Merger:
             live, dead = rows
             if dead.num_rows and not deleted:
                 # At this version no generation >= gen is merged, so every matched row is older.
-                deleted = self._commit(ds.merge_insert(self.pk).when_matched_delete(), dead)
+                deleted = self._commit(self._builder(ds).when_matched_delete(), dead)
                 if deleted:
                     continue  # pass 2 pins a version after our own commit
             elif not entry_lease.admit(self.storage, self.uri, self.options):
                 continue  # an index-entry writer was committing: pin a version after it
             else:
                 upsert = (
-                    ds.merge_insert(self.pk)
+                    self._builder(ds)
                     .when_matched_update_all()
                     .when_not_matched_insert_all()
                     .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
@@ -206,6 +207,13 @@ class _Merger:
         raise CommitConflictError(
             f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
         )
+
+    def _builder(self, ds: lance.LanceDataset) -> MergeInsertBuilder:
+        """`merge_insert` on the primary key, joining through Lance's scalar indexes only when every
+        key column has one: Lance otherwise gains nothing from the look-up, which logs an ERROR for
+        the MemWAL index (an index without fields; see `memwal_df/_lance_log.py`)."""
+        indexed = {d.field_names[0] for d in described_indices(ds) if len(d.field_names) == 1}
+        return ds.merge_insert(self.pk).use_index(indexed.issuperset(self.pk))
 
     def _dataset(self) -> lance.LanceDataset:
         return lance.dataset(self.uri, storage_options=self.options)
