@@ -1,6 +1,6 @@
 """Write-path benchmark: memwal_df against Lance 14's native MemWAL writer, same data, same disk, one run.
 
-Measures (DESIGN.md section 7):
+Measures (the write figures of docs/performance.md):
 
 * upsert throughput (rows/s) of `--rows` upserts (half updates of base keys, half new keys) in `--batch`
   row batches, durable and non-durable, through 4 bucket regions and through 1 region, for memwal_df
