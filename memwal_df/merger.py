@@ -23,9 +23,9 @@ Guarantees:
   is a completed merge. Pass 1 deletes only rows of `R`, all from generations below this one, so it
   never deletes a key a later generation re-inserted.
 - Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
-  commits); the generations of one region always merge one after the other. Off by default: on the
-  2-core bench machine parallel regions were 2-3x slower than serial (`bench/merge.py`), the
-  commits of concurrent regions conflict and Lance re-executes them.
+  commits); the generations of one region always merge one after the other. Off by default: the
+  commits of concurrent regions conflict and Lance re-executes them, so on few cores parallel
+  regions are slower than serial (`bench/merge.py`, docs/performance.md).
 """
 
 from __future__ import annotations
