@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import TextIO
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -62,13 +62,11 @@ def total_rows(path: Path | str, fmt: str) -> int | None:
     return None
 
 
-def read_batches(
-    path: Path | str, fmt: str, batch_rows: int, stdin: BinaryIO | None = None
-) -> Iterator[pa.RecordBatch]:
+def read_batches(path: Path | str, fmt: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """The input's rows in batches of at most `batch_rows` rows (small batches combined); `-` reads
-    `stdin` (default: the process's standard input)."""
+    standard input."""
     if path == STDIN:
-        yield from rebatch(_stream_batches(stdin or sys.stdin.buffer, fmt), batch_rows)
+        yield from rebatch(_stream_batches(sys.stdin.buffer, fmt), batch_rows)
     elif fmt == "arrows":
         with pa.OSFile(str(path)) as f:
             yield from rebatch(pa.ipc.open_stream(f), batch_rows)
@@ -87,7 +85,7 @@ def _blank(path: Path, chunk: int = 1 << 16) -> bool:
     return True
 
 
-def _stream_batches(stream: BinaryIO, fmt: str) -> Iterator[pa.RecordBatch]:
+def _stream_batches(stream: io.BufferedReader, fmt: str) -> Iterator[pa.RecordBatch]:
     """The batches of a non-seekable input in `fmt` (empty input: none)."""
     if fmt in ("parquet", "ipc"):  # need random access: read it whole
         data = pa.BufferReader(stream.read())
@@ -99,9 +97,7 @@ def _stream_batches(stream: BinaryIO, fmt: str) -> Iterator[pa.RecordBatch]:
             reader = pa.ipc.open_file(data)
             yield from (reader.get_batch(i) for i in range(reader.num_record_batches))
         return
-    if not hasattr(stream, "peek"):
-        stream = io.BufferedReader(stream)  # type: ignore[arg-type]
-    if not stream.peek(1):  # type: ignore[attr-defined]
+    if not stream.peek(1):
         return
     source = pa.PythonFile(stream, mode="r")
     if fmt == "arrows":
