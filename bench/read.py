@@ -33,8 +33,8 @@ so memwal_df's p50 over it compares runs made under different machine load.
 
 Nothing is asserted: the script prints a Markdown table and the targets of docs/performance.md.
 
-    python bench/read.py --small                # base 50k, 20k upserts (~40 s)
-    python bench/read.py                        # base 1M, 200k upserts (~2.5 min on 2 CPUs)
+    python bench/read.py --small                # base 50k, 20k upserts (quick)
+    python bench/read.py                        # base 1M, 200k upserts (the reference workload)
     python bench/read.py --json bench/results/read-full.json
     python bench/read.py --profile bench/results/read   # only cProfile to_table() scan and count
     python bench/read.py --lookups-only --lookups 400   # skip the scans

@@ -2,7 +2,7 @@
 by default, the reference workload of docs/performance.md with `--full`), each with `--json`, then writes
 bench/results/report.md and PNG charts from those JSON files (matplotlib, Agg backend).
 
-    python bench/report.py                     # quick sizes (a few minutes on 2 CPUs)
+    python bench/report.py                     # quick sizes
     python bench/report.py --full              # the reference workload (much longer)
     python bench/report.py --only write,merge  # some benchmarks
     python bench/report.py --no-run            # rebuild report.md and charts from existing JSON
