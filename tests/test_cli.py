@@ -491,6 +491,7 @@ def test_ctrl_c_in_the_sql_shell_returns_to_the_prompt(tmp_path):
     term.send(b"SELECT 3 AS three;\n")
     term.expect(r"^three\n-+\n3\n\(1 row\)\n")
     term.send(SLOW_QUERY)  # a running statement, then Ctrl-C: it is cancelled
+    term.expect(r"% 7 = 3;\n")  # the shell has the statement
     time.sleep(1)
     term.proc.send_signal(signal.SIGINT)
     term.expect(r"^cancelled\nmemwal> ", timeout=30)
