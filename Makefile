@@ -31,10 +31,8 @@ reliability: $(STAMP)
 	MEMWAL_FIGURES=build/reliability.json $(BIN)/python -m pytest -q -m "not spark" $(RELIABILITY)
 	$(BIN)/python scripts/guarantees.py build/reliability.json docs/guarantees.md
 
-# Lance 14 logs a harmless "ERROR lance::index ... __lance_mem_wal has no fields" on every merge
-# (docs/operations.md); the demo hides that one logger unless LANCE_LOG is set.
 demo: $(STAMP)
-	LANCE_LOG="$${LANCE_LOG-error,lance::index=off}" $(BIN)/python examples/demo.py
+	$(BIN)/python examples/demo.py
 
 # make bench: quick sizes; FULL=1 for the reference workload; BENCH_ARGS="--only write,read" etc.
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""Pieces shared by the benchmarks in bench/: the reference workload of DESIGN.md section 7, Lance-native
+"""Pieces shared by the benchmarks in bench/: the reference workload of docs/performance.md, Lance-native
 shard snapshots of a memwal_df table, and run metadata.
 
 Workload: `id` int64 primary key, `category` string (16 values), `value` float64 in [0, 1), `text` of
@@ -147,14 +147,14 @@ def git_state() -> str:
 
 
 def scale_note(base_rows: int) -> str:
-    """What a target's name gets when the run is smaller than the 1M-row workload the DESIGN.md
-    targets are set for (a smaller run is dominated by fixed costs)."""
+    """What a target's name gets when the run is smaller than the 1M-row workload the targets are
+    set for (a smaller run is dominated by fixed costs)."""
     return "" if base_rows >= 1_000_000 else f" (measured at {base_rows:,} base rows)"
 
 
 def targets_markdown(rows: list[dict[str, Any]]) -> str:
     """The run's target verdicts (`target`, `measured`, `met`) as the Markdown table the benches print."""
-    lines = ["| target (DESIGN.md section 7) | measured (memwal_df SQL) | met |", "|---|---|:-:|"]
+    lines = ["| target (docs/performance.md) | measured (memwal_df SQL) | met |", "|---|---|:-:|"]
     for r in rows:
         lines.append(f"| {r['target']} | {r['measured']} | {'yes' if r['met'] else 'NO'} |")
     return "\n".join(lines)

@@ -1,12 +1,12 @@
 """Read-path benchmark: memwal_df (DataFusion SQL and `MemWalTable.to_table()`) against Lance 14's native
 LSM readers (`LsmScanner`, `LsmPointLookupPlanner`) and a plain Lance scan of the base, same table, one run.
 
-Workload (DESIGN.md section 7): a base table of `--rows` rows (id int64 primary key, category, value,
-text of 5-15 words, vec float32x64) with a btree index on `id` (no vector or full-text index: nothing
-here uses them), 4 bucket regions, `--upserts` upserts (half updates of base keys, half new keys) in
-1,000-row batches flushed into ~12 generations (`max_memtable_rows` = upserts / 10 per region). Then the
-same writer puts `--memtable-upserts` more rows (also half updates) and stays open without flushing:
-those rows are only in its MemTables, which `MemWalTable(uri, writer=w)` reads.
+Workload (the reference workload of docs/performance.md): a base table of `--rows` rows (id int64
+primary key, category, value, text of 5-15 words, vec float32x64) with a btree index on `id` (no vector
+or full-text index: nothing here uses them), 4 bucket regions, `--upserts` upserts (half updates of base
+keys, half new keys) in 1,000-row batches flushed into ~12 generations (`max_memtable_rows` = upserts /
+10 per region). Then the same writer puts `--memtable-upserts` more rows (also half updates) and stays
+open without flushing: those rows are only in its MemTables, which `MemWalTable(uri, writer=w)` reads.
 
 Measured (each scan in `--repeat` rounds in which the engines take turns, the median shown; each lookup
 kind over `--lookups` random keys, each key looked up once per engine, the engines taking turns key by
@@ -31,10 +31,10 @@ Point lookups also time the same SQL over a 3-row in-memory `pyarrow.dataset` ("
 what any lookup through DataFusion's Python dataset route costs): a fixed reference in the same run,
 so memwal_df's p50 over it compares runs made under different machine load.
 
-Nothing is asserted: the script prints a Markdown table and the DESIGN.md section 7 targets.
+Nothing is asserted: the script prints a Markdown table and the targets of docs/performance.md.
 
-    python bench/read.py --small                # base 50k, 20k upserts (~40 s)
-    python bench/read.py                        # base 1M, 200k upserts (~2.5 min on 2 CPUs)
+    python bench/read.py --small                # base 50k, 20k upserts (quick)
+    python bench/read.py                        # base 1M, 200k upserts (the reference workload)
     python bench/read.py --json bench/results/read-full.json
     python bench/read.py --profile bench/results/read   # only cProfile to_table() scan and count
     python bench/read.py --lookups-only --lookups 400   # skip the scans
@@ -441,7 +441,7 @@ def markdown(res: Results) -> str:
 
 
 def targets(res: Results, base_rows: int) -> list[dict[str, Any]]:
-    """DESIGN.md section 7 read targets, judged on memwal_df SQL (the product path)."""
+    """The read targets of docs/performance.md, judged on memwal_df SQL (the product path)."""
     out: list[dict[str, Any]] = []
 
     def add(name: str, value: str, met: bool | None) -> None:

@@ -1,8 +1,8 @@
 """The benchmark report: runs bench/write.py, read.py, search.py and merge.py in one go (quick sizes
-by default, the DESIGN.md section 7 workload with `--full`), each with `--json`, then writes
+by default, the reference workload of docs/performance.md with `--full`), each with `--json`, then writes
 bench/results/report.md and PNG charts from those JSON files (matplotlib, Agg backend).
 
-    python bench/report.py                     # quick sizes (a few minutes on 2 CPUs)
+    python bench/report.py                     # quick sizes
     python bench/report.py --full              # the reference workload (much longer)
     python bench/report.py --only write,merge  # some benchmarks
     python bench/report.py --no-run            # rebuild report.md and charts from existing JSON
@@ -106,17 +106,17 @@ def _read_ms(r: dict[str, Any]) -> float:
 
 
 def _targets(data: dict[str, Any]) -> list[str]:
-    """The run's DESIGN.md section 7 verdicts as a Markdown table (none when the JSON has none)."""
+    """The run's target verdicts (docs/performance.md) as a Markdown table (none when the JSON has none)."""
     if not data.get("targets"):
         return []
-    return ["", "Targets (DESIGN.md section 7), judged on memwal_df SQL:", ""] + _md_table(
+    return ["", "Targets (docs/performance.md), judged on memwal_df SQL:", ""] + _md_table(
         ["target", "measured", "met"],
         [[t["target"], t["measured"], "yes" if t["met"] else "NO"] for t in data["targets"]],
     )
 
 
 def read_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """Scans and point lookups by engine (median / p50 ms) and the DESIGN.md targets; chart data."""
+    """Scans and point lookups by engine (median / p50 ms) and the targets; chart data."""
     ops = list(dict.fromkeys(r["op"] for r in data["results"]))
     engines = list(dict.fromkeys(r["engine"] for r in data["results"]))
     by = {(r["op"], r["engine"]): r for r in data["results"]}

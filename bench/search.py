@@ -1,11 +1,12 @@
 """Search benchmark: memwal_df `vector_search` / `fts` against Lance 14's `LsmVectorSearchPlanner` and
 plain Lance searches of the base table, same table, one run.
 
-Workload (DESIGN.md section 7): a base table of `--base-rows` rows (id int64 primary key, category, value,
-text of 5-15 words, vec float32x64) with IVF_PQ (`--partitions`, 16 sub-vectors), inverted (stemming and
-stop words off: memwal_df does not support them yet) and btree indexes, created before any upsert;
-4 bucket regions; `--upserts` upserts (half updates of base keys, half new keys) in 1,000-row batches,
-flushed into generations; then `--memtable-upserts` more that stay in the open writer's MemTables.
+Workload (the reference workload of docs/performance.md): a base table of `--base-rows` rows (id int64
+primary key, category, value, text of 5-15 words, vec float32x64) with IVF_PQ (`--partitions`, 16
+sub-vectors), inverted (stemming and stop words off: memwal_df does not support them yet) and btree
+indexes, created before any upsert; 4 bucket regions; `--upserts` upserts (half updates of base keys,
+half new keys) in 1,000-row batches, flushed into generations; then `--memtable-upserts` more that stay
+in the open writer's MemTables.
 
 Measured over `--queries` queries, engines taking turns query by query in a random order (a drift in
 machine load then favours no engine), after `--warmup` queries per engine (the first memwal_df query
@@ -28,7 +29,7 @@ others' cost; alone is what a service that runs only that engine sees):
   native `mem_wal_writer` (durable; maintains every base index too), same batches, same
   `max_memtable_rows`, each run ending with `close()` (every MemTable flushed with its indexes).
 
-Nothing is asserted: the script prints Markdown tables and whether each DESIGN.md section 7 target is met.
+Nothing is asserted: the script prints Markdown tables and whether each target of docs/performance.md is met.
 
     python bench/search.py --small        # base 50k, 20k upserts
     python bench/search.py                # base 1M, 200k upserts
@@ -172,7 +173,7 @@ def pct(samples: list[float], p: float) -> float:
 
 
 def targets(report: dict, base_rows: int) -> list[dict[str, Any]]:
-    """The DESIGN.md section 7 search targets, judged on memwal_df SQL: `target`, `measured`, `met`."""
+    """The search targets of docs/performance.md, judged on memwal_df SQL: `target`, `measured`, `met`."""
     vec = {r["engine"]: r for r in report["vector_search"]}
     fts = {r["engine"]: r for r in report["fts"]}
     scale = scale_note(base_rows)

@@ -1,7 +1,7 @@
 """Spark pipeline benchmark: ingest and read rows/s through Spark next to the single-process peers.
 
-On the DESIGN.md section 7 data (id, category, value, text, vec float32x64; 4 bucket regions), in one
-run and on the same disk:
+On the reference workload's data (docs/performance.md: id, category, value, text, vec float32x64;
+4 bucket regions), in one run and on the same disk:
 
 * ingest: `--rows` upserts (half updates of base keys, half new keys) into a table whose base holds
   `--base` rows, (a) through Spark, `memwal_df.spark.write` (routing, shuffle, one task per region,

@@ -1,6 +1,6 @@
 """Write-path benchmark: memwal_df against Lance 14's native MemWAL writer, same data, same disk, one run.
 
-Measures (DESIGN.md section 7):
+Measures (the write figures of docs/performance.md):
 
 * upsert throughput (rows/s) of `--rows` upserts (half updates of base keys, half new keys) in `--batch`
   row batches, durable and non-durable, through 4 bucket regions and through 1 region, for memwal_df
@@ -20,8 +20,8 @@ run produces ~12 generations. Every timed run starts after `os.sync()`; tables a
 end. Timings on a shared VM vary by +-20% from run to run: use `--repeat 3` (median shown) to compare.
 No timing is asserted: the script reports.
 
-    python bench/write.py --small                 # quick run (~20 s)
-    python bench/write.py                          # full run: base 100k, 200k upserts (~1.5 min)
+    python bench/write.py --small                 # quick run
+    python bench/write.py                          # full run: base 100k, 200k upserts
     python bench/write.py --repeat 3 --json bench/results/write.json
     python bench/write.py --profile bench/results/write.prof [--profile-clock cpu]
         # cProfile (all threads) of memwal_df durable, 4 regions only

@@ -6,7 +6,7 @@ Read path: `MemWalTable` (a dataset DataFusion scans, merging every level by pri
 `register(ctx)` for memwal_df's SQL functions.
 """
 
-from memwal_df import errors
+from memwal_df import _lance_log, errors  # noqa: F401  (_lance_log first: before `lance` loads)
 from memwal_df.dataset import MemWalTable
 from memwal_df.region import RegionWriter, WriterConfig
 from memwal_df.region_spec import (

@@ -29,11 +29,10 @@ exact: gap generations are older than every unmerged level and newer than what `
 The plan is used only when every gap generation has a scalar index on the column too (spec: the gap
 is read "through the flushed MemTables' pre-built indexes"; both Lance's writer and memwal_df's build
 the maintained indexes into a generation, `memwal_df.maintained`): a generation without one
-is scanned whole, which costs more than scanning the fragments it stands in for (measured: 56 ms
-against 35 ms for `value < 0.001` with 100k rows in 12 gap generations over a 1M-row base). Even with
-a btree in every gap generation that query measured 60-73 ms against 45 ms for the plain plan: each
-generation costs two Lance reads (rows, keys for deduplication) of ~1.5 ms, more than the uncovered
-fragments cost to scan. The plan pays off when those fragments are large against the number of gap
+is scanned whole, which costs more than scanning the fragments it stands in for. Even with a btree
+in every gap generation a selective filter can cost more than the plain plan: each generation costs
+two Lance reads (rows, keys for deduplication), which can be more than the uncovered fragments cost
+to scan. The plan pays off when those fragments are large against the number of gap
 generations; there is no cost model choosing between the two yet.
 
 Anything else (an index with no recorded catch-up, an append or compaction since the index was built,

@@ -23,9 +23,9 @@ Guarantees:
   is a completed merge. Pass 1 deletes only rows of `R`, all from generations below this one, so it
   never deletes a key a later generation re-inserted.
 - Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
-  commits); the generations of one region always merge one after the other. Off by default: on the
-  2-core bench machine parallel regions were 2-3x slower than serial (`bench/merge.py`), the
-  commits of concurrent regions conflict and Lance re-executes them.
+  commits); the generations of one region always merge one after the other. Off by default: the
+  commits of concurrent regions conflict and Lance re-executes them, so on few cores parallel
+  regions are slower than serial (`bench/merge.py`, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from memwal_df.errors import (
     InvalidConfigError,
     MissingGenerationError,
 )
+from memwal_df.exec._cache import described_indices
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.repair import each_region
 from memwal_df.storage import Storage
@@ -189,14 +190,14 @@ class _Merger:
             live, dead = rows
             if dead.num_rows and not deleted:
                 # At this version no generation >= gen is merged, so every matched row is older.
-                deleted = self._commit(ds.merge_insert(self.pk).when_matched_delete(), dead)
+                deleted = self._commit(self._builder(ds).when_matched_delete(), dead)
                 if deleted:
                     continue  # pass 2 pins a version after our own commit
             elif not entry_lease.admit(self.storage, self.uri, self.options):
                 continue  # an index-entry writer was committing: pin a version after it
             else:
                 upsert = (
-                    ds.merge_insert(self.pk)
+                    self._builder(ds)
                     .when_matched_update_all()
                     .when_not_matched_insert_all()
                     .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
@@ -212,6 +213,13 @@ class _Merger:
         raise CommitConflictError(
             f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
         )
+
+    def _builder(self, ds: lance.LanceDataset) -> MergeInsertBuilder:
+        """`merge_insert` on the primary key, joining through Lance's scalar indexes only when every
+        key column has one: Lance otherwise gains nothing from the look-up, which logs an ERROR for
+        the MemWAL index (an index without fields; see `memwal_df/_lance_log.py`)."""
+        indexed = {d.field_names[0] for d in described_indices(ds) if len(d.field_names) == 1}
+        return ds.merge_insert(self.pk).use_index(indexed.issuperset(self.pk))
 
     def _dataset(self) -> lance.LanceDataset:
         return lance.dataset(self.uri, storage_options=self.options)

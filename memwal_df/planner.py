@@ -37,7 +37,7 @@ from memwal_df.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
 MakeNode = Callable[[Sequence[str]], ExecNode]
 
 MIN_SPAN_ROWS = 65_536
-"""Base partitions are not cut smaller: a Lance scan costs ~1 ms to start."""
+"""Base partitions are not cut smaller: every Lance scan has a fixed cost to start."""
 
 
 @dataclass

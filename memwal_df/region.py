@@ -344,9 +344,10 @@ class RegionWriter:
                     continue  # every row belongs here: one compute call on the put path
                 bad = pc.invert(pc.fill_null(same, False))
             row = pc.index(bad, True).as_py()
+            label = field.label({i: n for n, i in self.ctx.schema.field_ids.items()})
             raise RegionRoutingError(
-                f"row {row} belongs to region value {field.field_id}={got[row].as_py()!r}, "
-                f"not to region {self.region_id} ({field.field_id}={want!r})"
+                f"row {row} belongs to region value {label}={got[row].as_py()!r}, "
+                f"not to region {self.region_id} ({label}={want!r})"
             )
 
     def _write(self, batch: pa.RecordBatch) -> None:

@@ -986,6 +986,19 @@ class RegionField:
         """`result_type` as an Arrow type."""
         return result_arrow_type(self.result_type)
 
+    def label(self, names: Mapping[int, str] | None = None) -> str:
+        """The field named by what it reads, for people: the column of an `identity` field (`id`),
+        the SQL text of an expression, else `transform(columns)` (`bucket[4](id)`). `names` maps
+        source field ids to column names (default: the names `RegionSpec.bind` recorded; `#ID` for
+        an id neither knows)."""
+        bound = dict(zip(self.source_ids, self.source_names or (), strict=False))
+        cols = [(names or {}).get(i) or bound.get(i) or f"#{i}" for i in self.source_ids]
+        if isinstance(self.transform, Expression):
+            return self.transform.sql
+        if isinstance(self.transform, Identity):
+            return cols[0]
+        return f"{self.transform}({', '.join(cols)})"
+
     def apply(self, arrays: Sequence[pa.Array], num_rows: int) -> pa.Array:
         """Region values of the rows whose source columns are `arrays`, as `result_type`."""
         try:
@@ -1073,6 +1086,10 @@ class RegionSpec:
             raise InvalidRegionSpecError(
                 f"duplicate region field ids {ids}; pass field_id= to tell them apart"
             )
+
+    def value_text(self, values: Sequence[Any], names: Mapping[int, str] | None = None) -> str:
+        """A region's values labelled with their fields (`RegionField.label`), e.g. `id=2`."""
+        return ", ".join(f"{f.label(names)}={v}" for f, v in zip(self.fields, values, strict=True))
 
     # --- serialization
 

@@ -53,8 +53,8 @@ __all__ = ["SearchOptions", "plan_fts", "plan_vector_search"]
 
 OVERFETCH = 2
 # Generations of at least this many rows are searched through their own vector index (Lance's
-# `nearest`, ~9 ms per call on the loaded 2-core machine), smaller ones by brute force over their
-# in-memory vectors (~0.23 ms per 17k x 64 rows): the two cost the same near 650k rows.
+# `nearest`, a fixed cost per call), smaller ones by brute force over their in-memory vectors (a
+# cost per row): the two cost about the same a little above this size.
 INDEXED_GENERATION_ROWS = 500_000
 
 
@@ -226,7 +226,7 @@ def plan_vector_search(
 def _indexed_generation(level: Level, column: str, metric: str, min_rows: int) -> lance.LanceDataset | None:
     """The generation's dataset when it is searched through its own vector index: it has one on
     `column` with `metric` and at least `min_rows` rows (below that, brute force over its vectors,
-    kept in memory, is both faster and exact: measured 0.23 ms against Lance's 8.6 ms for 17k x 64)."""
+    kept in memory, is both faster and exact)."""
     if level.kind != "generation":
         return None
     ds = level.dataset()

@@ -124,9 +124,9 @@ def _make_relation(rows: pa.Table) -> datafusion.DataFrame:
 
 def _relation(rows: pa.Table) -> Table:
     """`rows` as a DataFusion in-memory table (a view of a DataFrame over a `MemTable`): scanned in
-    DataFusion without calling back into Python, 0.3-0.8 ms faster per query than a
-    `pyarrow.dataset`. The DataFrame is made on a pool thread: the table function runs inside
-    DataFusion's runtime, where `from_arrow` would block on it and panic."""
+    DataFusion without calling back into Python, faster per query than a `pyarrow.dataset`. The
+    DataFrame is made on a pool thread: the table function runs inside DataFusion's runtime, where
+    `from_arrow` would block on it and panic."""
     return Table(shared_pool("relations", 1).submit(_make_relation, rows).result())
 
 

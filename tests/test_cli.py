@@ -10,6 +10,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -422,11 +423,16 @@ def test_ingest_into_a_region_of_a_table_without_spec(capsys, tmp_path):
 def test_progress_bar():
     out = io.StringIO()
     bar = Progress("ingest", 200, enabled=True, out=out)
-    bar.update(50)  # drawn at most every 0.1 s: the first update may be skipped
+    time.sleep(0.15)  # drawn at most every 0.1 s
+    bar.update(50)
+    assert re.fullmatch(
+        r"\ringest: \[#{7} {23}\]  25% 50/200 rows, [\d,]+ rows/s, ETA 0:0\d\x1b\[K", out.getvalue()
+    ), out.getvalue()
     bar.update(150)
     bar.close()
     last = out.getvalue().split("\r")[-1]
-    assert last.startswith("ingest: [" + "#" * 30 + "] 100% 200/200 rows, ") and last.endswith(" rows/s\n")
+    assert last.startswith("ingest: [" + "#" * 30 + "] 100% 200/200 rows, ")
+    assert last.endswith(" rows/s\x1b[K\n")  # no ETA when done; the rest of the line cleared
     quiet = io.StringIO()
     Progress("ingest", None, enabled=False, out=quiet).close()
     assert quiet.getvalue() == ""
@@ -465,3 +471,192 @@ def test_sql_shell_on_a_terminal(tmp_path):
     assert proc.returncode == 0
     assert "memwal SQL shell; tables: t." in text and "memwal> " in text and "   ...> " in text
     assert re.search(r"^answer\n-+\n42\n\(1 row\)$", text, flags=re.M)
+
+
+class Terminal:
+    """`memwal ARGV` in a pseudo-terminal: write keystrokes, wait for output, send signals."""
+
+    def __init__(self, *argv: str) -> None:
+        self.leader, follower = os.openpty()
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "TERM": "dumb",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memwal_df", *argv],
+            stdin=follower,
+            stdout=follower,
+            stderr=follower,
+            env=env,
+        )
+        os.close(follower)
+        self.text = ""
+
+    def expect(self, pattern: str, timeout: float = 60) -> None:
+        """Read until `pattern` (a regex) matches the output after the previous match."""
+        deadline = time.monotonic() + timeout
+        while not (m := re.search(pattern, self.text, flags=re.M)):
+            assert time.monotonic() < deadline and self.proc.poll() is None, (pattern, self.text)
+            if select.select([self.leader], [], [], 0.2)[0]:
+                self.text += os.read(self.leader, 4096).decode(errors="replace").replace("\r", "")
+        self.text = self.text[m.end() :]
+
+    def send(self, data: bytes) -> None:
+        os.write(self.leader, data)
+
+    def close(self) -> int:
+        code = self.proc.wait(timeout=30)
+        os.close(self.leader)
+        return code
+
+
+# Still running when Ctrl-C comes (it reads 10^11 rows).
+SLOW_QUERY = b"SELECT count(*) FROM range(100000000000) WHERE value % 7 = 3;\n"
+
+
+def test_ctrl_c_in_the_sql_shell_returns_to_the_prompt(tmp_path):
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, parse_schema("id:int64,v:float64"), "id")
+    term = Terminal("sql", "-t", uri)
+    term.expect(r"^memwal> ")
+    term.send(b"SELECT 2 AS typed\n")  # a statement being typed, then Ctrl-C: it is dropped
+    term.expect(r"^   \.\.\.> ")
+    time.sleep(0.5)  # readline shows the prompt before it waits for keys: let it wait (a person would)
+    term.proc.send_signal(signal.SIGINT)
+    term.expect(r"^memwal> ")
+    term.send(b"SELECT 3 AS three;\n")
+    term.expect(r"^three\n-+\n3\n\(1 row\)\n")
+    term.send(SLOW_QUERY)  # a running statement, then Ctrl-C: it is cancelled
+    term.expect(r"% 7 = 3;\n")  # the shell has the statement
+    time.sleep(1)
+    term.proc.send_signal(signal.SIGINT)
+    term.expect(r"^cancelled\nmemwal> ", timeout=30)
+    term.send(b"SELECT 4 AS four;\n")
+    term.expect(r"^four\n-+\n4\n\(1 row\)\nmemwal> ")
+    time.sleep(0.5)
+    term.send(b"\x04")  # Ctrl-D ends the shell
+    assert term.close() == Exit.OK
+
+
+def stdin_of(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    """Make `data` the process's standard input (binary underneath, as a pipe is)."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(data))))
+
+
+def test_ingest_reads_standard_input(capsys, tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    cli(capsys, "create", uri, "--schema", "id:int64,name:string", "-k", "id", "--spec", "bucket(id,2)")
+    table = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": ["a", "b", "c"]})
+    parquet, stream = io.BytesIO(), io.BytesIO()
+    pq.write_table(table, parquet)
+    with pa.ipc.new_stream(stream, table.schema) as w:
+        w.write_table(table.slice(2), max_chunksize=1)
+    inputs = {  # format: (input, rows)
+        "csv": (b"id,name\n1,x\n4,d\n", 2),
+        "json": (b'{"id": 5, "name": "e"}\n{"id": 2, "name": "y"}\n', 2),
+        "parquet": (parquet.getvalue(), 3),
+        "arrows": (stream.getvalue(), 1),
+    }
+    for fmt, (data, n) in inputs.items():
+        stdin_of(monkeypatch, data)
+        got = cli_json(capsys, "ingest", uri, "-", "--format", fmt, "--batch-size", "1")
+        assert got["files"] == ["-"] and got["rows"] == n
+    # The parquet input (1, 2, 3) replaced the csv's 1 and the json's 2.
+    rows_now = cli_json(capsys, "sql", "-t", uri, "SELECT * FROM t ORDER BY id")
+    assert [(r["id"], r["name"]) for r in rows_now] == [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")]
+    stdin_of(monkeypatch, b"id\n4\n")
+    code, out, _ = cli(capsys, "delete", uri, "-", "--format", "csv")
+    assert code == Exit.OK
+    assert out.startswith("deleted 1 key (1 existed) from standard input through 1 region in ")
+    code, _, err = cli(capsys, "ingest", uri, "-")
+    assert code == Exit.USAGE and "reading standard input (-) needs --format" in err
+    code, _, err = cli(capsys, "ingest", uri, "-", "-", "--format", "csv")
+    assert code == Exit.USAGE and "standard input (-) can be read only once" in err
+
+
+def test_empty_inputs_ingest_no_rows(capsys, tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    cli(capsys, "create", uri, "--schema", "id:int64,name:string", "-k", "id", "--spec", "bucket(id,2)")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "blank.json").write_bytes(b"\n  \n")
+    (tmp_path / "empty.csv").write_bytes(b"")
+    files = [str(tmp_path / n) for n in ("empty.jsonl", "blank.json", "empty.csv")]
+    got = cli_json(capsys, "ingest", uri, *files)
+    assert got["rows"] == 0 and got["regions"] == []
+    stdin_of(monkeypatch, b"")
+    assert cli_json(capsys, "ingest", uri, "-", "--format", "json")["rows"] == 0
+    code, out, _ = cli(capsys, "ingest", uri, files[0])
+    assert code == Exit.OK and out.startswith("upserted 0 rows from 1 file through 0 regions in ")
+
+
+@pytest.mark.parametrize("composite", [False, True])
+def test_delete_reports_how_many_keys_existed(capsys, tmp_path, composite):
+    uri = str(tmp_path / "t")
+    schema, key = ("id:int64,k:string,v:string", "id,k") if composite else ("id:int64,v:string", "id")
+    cli(capsys, "create", uri, "--schema", schema, "-k", key, "--spec", "bucket(id,2)")
+    held = {"id": [1, 2, 3], "v": ["a", "b", "c"], **({"k": ["x", "x", "y"]} if composite else {})}
+    pq.write_table(pa.table(held), tmp_path / "rows.parquet")
+    cli_json(capsys, "ingest", uri, str(tmp_path / "rows.parquet"))
+    # 2 and 3 exist; 9 does not; with a composite key (1, "y") does not either (1 is held as (1, "x"))
+    given = {"id": [2, 9, 3, 2, 1], **({"k": ["x", "x", "y", "x", "y"]} if composite else {})}
+    pq.write_table(pa.table(given), tmp_path / "keys.parquet")
+    got = cli_json(capsys, "delete", uri, str(tmp_path / "keys.parquet"), "--batch-size", "2")
+    assert got["rows"] == 5 and got["keys_existed"] == (2 if composite else 3)
+    assert cli_json(capsys, "delete", uri, str(tmp_path / "keys.parquet"))["keys_existed"] == 0
+    left = cli_json(capsys, "sql", "-t", uri, "SELECT id FROM t ORDER BY id")
+    assert left == ([{"id": 1}] if composite else [])
+
+
+def test_region_values_are_labelled_with_their_columns(capsys, tmp_path):
+    uri = str(tmp_path / "t")
+    cli(capsys, "create", uri, "--schema", "id:int64,v:string", "-k", "id", "--spec", "identity(id)")
+    (tmp_path / "rows.csv").write_text("id,v\n2,a\n")
+    cli_json(capsys, "ingest", uri, str(tmp_path / "rows.csv"))
+    code, text, _ = cli(capsys, "status", uri)
+    assert code == Exit.OK and re.search(r"^\w{8}  id=2 ", text, flags=re.M) and "bucket" not in text
+    assert [r["values_text"] for r in cli_json(capsys, "status", uri)["regions"]] == ["id=2"]
+    plan = cli_json(capsys, "explain", uri, "id = 2")["plan"]
+    assert any("CoalesceFirstExec" in line and "(id=2)" in line for line in plan), plan
+    table = mw.open_table(uri)
+    with pytest.raises(mw.errors.RegionRoutingError, match=r"region value id=3, not to region .* \(id=2\)"):
+        with table.region_writer(table.region_ids()[0]) as w:
+            w.put(pa.table({"id": pa.array([3], pa.int64()), "v": ["b"]}))
+
+    hashed = str(tmp_path / "h")
+    cli(capsys, "create", hashed, "--schema", "id:int64,v:string", "-k", "id", "--spec", "bucket(id,4)")
+    cli_json(capsys, "ingest", hashed, str(tmp_path / "rows.csv"))
+    [region] = cli_json(capsys, "status", hashed)["regions"]
+    assert region["values_text"] == f"bucket[4](id)={region['values'][0]}"
+
+
+def test_counts_are_in_the_right_number(capsys, tmp_path):
+    uri = str(tmp_path / "t")
+    spec = ("--schema", "id:int64,v:string", "-k", "id", "--spec", "bucket(id,1)")
+    code, out, _ = cli(capsys, "create", uri, *spec)
+    assert out.startswith(f"created {uri}: 0 rows, ")
+    (tmp_path / "one.csv").write_text("id,v\n1,a\n")
+    code, out, _ = cli(capsys, "ingest", uri, str(tmp_path / "one.csv"))
+    assert out.startswith("upserted 1 row from 1 file through 1 region in ")
+    code, out, _ = cli(capsys, "status", uri)
+    assert out.rstrip().endswith("\n1 region, 1 flushed generation not merged yet")
+    code, out, _ = cli(capsys, "merge", uri)
+    assert out.startswith("merged 1 generation of 1 region: 1 row upserted, 0 tombstones applied; ")
+    code, out, _ = cli(capsys, "status", uri)
+    assert "version 3, 1 row\n" in out
+    assert out.rstrip().endswith("1 region, 0 flushed generations not merged yet")
+    code, out, _ = cli(capsys, "maintain", uri, "--rounds", "1", "--interval", "0", "--quiet")
+    assert out.startswith("1 round; ")
+    code, out, _ = cli(capsys, "sql", "-t", uri, "SELECT * FROM t")
+    assert out.rstrip().endswith("(1 row)")
+
+
+def test_ingest_progress_shows_the_total_when_the_input_has_one(capsys, tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    cli(capsys, "create", uri, "--schema", "id:int64,v:string", "-k", "id", "--spec", "bucket(id,2)")
+    pq.write_table(pa.table({"id": pa.array(range(30), pa.int64()), "v": ["x"] * 30}), tmp_path / "r.parquet")
+    code, _, err = cli(capsys, "ingest", uri, str(tmp_path / "r.parquet"), "--progress", "--batch-size", "7")
+    assert code == Exit.OK and "ingest: [" + "#" * 30 + "] 100% 30/30 rows, " in err
+    stdin_of(monkeypatch, b"id,v\n1,a\n2,b\n")  # standard input: no total known
+    code, _, err = cli(capsys, "ingest", uri, "-", "--format", "csv", "--progress")
+    assert code == Exit.OK and re.search(r"\ringest: 2 rows, [\d,]+ rows/s\x1b\[K\n$", err), err

@@ -804,7 +804,7 @@ def test_unreadable_unmerged_generation_is_an_error(tmp_path, query):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Regressions: bugs these tests found (fixed in ca085f6)
+# Edge cases of the planner: filters folded to a constant, tables without rows
 # ---------------------------------------------------------------------------------------------------------
 
 CONSTANT_FILTER_QUERIES = [

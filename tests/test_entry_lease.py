@@ -1,4 +1,4 @@
-"""Merge progress never goes backwards and no generation merges twice (issue 5): MemWAL index-entry
+"""Merge progress never goes backwards and no generation merges twice: MemWAL index-entry
 commits (index builder, catch-up record) racing mergers.
 
 - Deterministic: a merger started from inside the index builder's Lance commit (the race that made

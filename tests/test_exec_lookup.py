@@ -531,7 +531,7 @@ def test_native_generation_with_hidden_duplicates(tmp_path: Path) -> None:
     assert got[42]["v"] == "w42"
     # Keys routed to a bucket region also ask the native shard (its values are unknown), after it:
     labels = [line for line in plan.explain() if line.startswith("  CoalesceFirstExec")]
-    assert any("(bucket=" in line and f"region {str(shard)[:8]}" in line for line in labels), labels
+    assert any("(bucket[4](id)=" in line and f"region {str(shard)[:8]}" in line for line in labels), labels
 
 
 def test_generation_without_pk_index_is_scanned(tmp_path: Path) -> None:
@@ -782,7 +782,7 @@ def test_explain_tree(tmp_path: Path) -> None:
         lines = plan.explain()
         text = "\n".join(lines)
         assert lines[0] == f"UnionExec: inputs={len(plan.children)}"
-        assert "  CoalesceFirstExec: return_first_non_null, region " in text and "(bucket=" in text
+        assert "  CoalesceFirstExec: return_first_non_null, region " in text and "(bucket[4](id)=" in text
         assert "    TakeLastExec: memtable 2 of region " in text
         assert "    BloomFilterGuardExec: bf[region " in text and "][gen=1], keys=" in text
         assert "      TakeLastExec: generation 1 of region " in text and "via _pk_index" in text

@@ -422,10 +422,10 @@ def test_lance_reads_our_other_key_types(tmp_path, case: str) -> None:
 
 
 def test_generations_keep_the_table_field_ids_after_schema_evolution(tmp_path) -> None:
-    """Regression: Lance's readers project a generation by the base table's field ids. After a column
+    """Lance's readers project a generation by the base table's field ids. After a column
     drop (ids are never reused) and an added column, our generations must carry the table's ids
     (nested ones too, `_tombstone` = max + 1) like Lance's own; with fresh ids 0..n Lance read other
-    columns' values (`v` showed `w`'s) and NULL structs. WAL entries go both ways too."""
+    columns' values (`v` would show `w`'s) and NULL structs. WAL entries go both ways too."""
     evolved = pa.schema(
         [
             pa.field("id", pa.int64(), nullable=False),

@@ -20,7 +20,7 @@ def _reference_name(pos: int) -> str:
     return format(int(format(pos, "064b")[::-1], 2), "064b")
 
 
-# The reference's examples (§3 "Positions and file names"), written out digit by digit.
+# Lance 14's examples of position file names, written out digit by digit.
 REFERENCE_EXAMPLES = {
     1: "1" + "0" * 63,
     2: "01" + "0" * 62,

@@ -171,10 +171,10 @@ def test_four_regions_at_full_speed_with_jobs_and_readers(request, tmp_path, kin
 
 
 def test_a_long_lived_reader_is_not_stale_after_gc_trims_manifest_versions(tmp_path):
-    """Regression (found by the 180 s load run): a reader remembered each region's latest manifest
-    and, when no version of the next probe batch existed, kept it. GC deletes old manifest versions,
-    so after more commits than the batch plus `keep_manifest_versions`, the versions right after the
-    remembered one were gone and the reader kept serving the old state."""
+    """A reader that remembers each region's latest manifest finds the newest one even when the
+    versions right after the remembered one are gone: GC deletes old manifest versions, so after more
+    commits than a probe batch plus `keep_manifest_versions`, no version of the next probe batch
+    exists, and the reader must not take that for "nothing newer"."""
     uri = str(tmp_path / "t")
     table = create(uri, None, regions=1, base=5)
     ctx = mw.register(datafusion.SessionContext())

@@ -61,7 +61,7 @@ def test_new_manifest_and_next_version(region: uuid.UUID) -> None:
         ("bucket", b"\x02\x00\x00\x00"),
         ("day", b"x"),
     ]
-    # shard_id is tag 11, wire type 2: `5a 12 0a 10 <16 uuid bytes>` (reference §1)
+    # shard_id is tag 11, wire type 2: `5a 12 0a 10 <16 uuid bytes>` (as Lance 14 writes it)
     assert bytes.fromhex("5a120a10") + region.bytes in m.SerializeToString()
 
     n = next_version(m)

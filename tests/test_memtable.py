@@ -186,7 +186,7 @@ def test_no_duplicates_keeps_every_row_in_order() -> None:
 @pytest.mark.parametrize(
     ("columns", "pk", "want"),
     [
-        ({"k": pa.array(["a", "bb", "", "hello"])}, ("k",), 24),  # the reference's example (§4.6)
+        ({"k": pa.array(["a", "bb", "", "hello"])}, ("k",), 24),  # Lance 14's own example
         ({"k": pa.array([b"a", b"bb", b"", b"hello"], pa.binary())}, ("k",), 24),
         ({"k": pa.array([1, 2, 3, 4], pa.int64())}, ("k",), 32),
         ({"k": pa.array([1, 2, 3], pa.int32())}, ("k",), 12),

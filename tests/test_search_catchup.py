@@ -1,4 +1,4 @@
-"""vector_search with the base vector index behind on catch-up (issue 4): the base is searched over
+"""vector_search with the base vector index behind on catch-up: the base is searched over
 the fragments its index covers only, and the generations merged since the index was built ("gap
 generations") through their own index or exactly, with FilterStaleExec across them.
 

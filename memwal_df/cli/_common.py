@@ -152,6 +152,11 @@ def emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
         print(text())
 
 
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """`n` with the word in the right number: `1 row`, `2 rows`, `1 WAL entry`, `3 WAL entries`."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 48) -> str:
     """An aligned plain-text table; cells longer than `max_width` are cut with `…`."""
 

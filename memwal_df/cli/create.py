@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _text(info: dict) -> str:
     return (
-        f"created {info['uri']}: {info['base_rows']:,} rows, primary key {', '.join(info['primary_key'])}, "
+        f"created {info['uri']}: {c.count(info['base_rows'], 'row')}, "
+        f"primary key {', '.join(info['primary_key'])}, "
         f"region spec {info['region_spec']}\ncolumns: {', '.join(info['schema'])}"
     )

@@ -10,7 +10,9 @@ region or `memwal recover` replays them); non-durable ones not yet in the WAL ar
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
+import operator
 import sys
 import time
 from collections.abc import Iterable
@@ -18,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_df.cli import _common as c
-from memwal_df.cli.inputs import FORMAT_NAMES, Progress, format_of, read_batches, total_rows
+from memwal_df.cli.inputs import FORMAT_NAMES, STDIN, Progress, format_of, read_batches, total_rows
+from memwal_df.dataset import MemWalTable
 from memwal_df.errors import InvalidArgumentError, SchemaMismatchError
 from memwal_df.layout import parse_region_id
+from memwal_df.schema import TableSchema, conform
 from memwal_df.table import Table
 
 
@@ -34,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--delete the files hold keys to delete instead.",
     )
     c.add_table(p)
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument(
+        "files", nargs="+", metavar="FILE", help="input files; - reads standard input (needs --format)"
+    )
     p.add_argument("--delete", action="store_true", help="the files hold keys (extra columns ignored)")
     _writer_args(p)
     p.set_defaults(run=run_ingest)
@@ -45,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Delete rows by primary key: --keys for a one-column key, or FILEs of key columns.",
     )
     c.add_table(d)
-    d.add_argument("files", nargs="*", metavar="FILE", help="files whose key columns name the rows")
+    d.add_argument(
+        "files", nargs="*", metavar="FILE", help="files whose key columns name the rows; - is standard input"
+    )
     d.add_argument("--keys", help="comma-separated keys (one-column primary keys)")
     _writer_args(d)
     d.set_defaults(run=run_delete, delete=True)
@@ -75,29 +84,37 @@ def _writer_args(p: argparse.ArgumentParser) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="show a progress bar on stderr (default: when stderr is a terminal)",
+        help="show a progress bar on stderr, with the total and ETA when the inputs' row counts are "
+        "known (Parquet, Arrow IPC files) (default: when stderr is a terminal and without --json)",
     )
     c.add_json(p)
 
 
 def run_ingest(args: argparse.Namespace) -> int:
-    return _run(args, [c.existing_file(f) for f in args.files])
+    return _run(args, _inputs(args.files))
 
 
 def run_delete(args: argparse.Namespace) -> int:
     if not args.files and not args.keys:
         raise InvalidArgumentError("give --keys or key FILEs")
-    return _run(args, [c.existing_file(f) for f in args.files])
+    return _run(args, _inputs(args.files))
 
 
-def _run(args: argparse.Namespace, files: list[Path]) -> int:
+def _inputs(names: list[str]) -> list[Path | str]:
+    """The input files (FileNotFoundError for a missing one) and `-` for standard input (once)."""
+    if names.count(STDIN) > 1:
+        raise InvalidArgumentError("standard input (-) can be read only once")
+    return [STDIN if n == STDIN else c.existing_file(n) for n in names]
+
+
+def _run(args: argparse.Namespace, files: list[Path | str]) -> int:
     if args.batch_size < 1:
         raise InvalidArgumentError("--batch-size must be at least 1")
     table = c.table_of(args)
     formats = [format_of(f, args.format) for f in files]  # every file's format checked up front
     totals = [total_rows(f, fmt) for f, fmt in zip(files, formats, strict=True)]
     known = None if None in totals else sum(t or 0 for t in totals)
-    show = sys.stderr.isatty() if args.progress is None else args.progress
+    show = sys.stderr.isatty() and not args.json if args.progress is None else args.progress
     progress = Progress("delete" if args.delete else "ingest", known, show)
     sources: list[Iterable[pa.RecordBatch]] = [
         read_batches(f, fmt, args.batch_size) for f, fmt in zip(files, formats, strict=True)
@@ -106,10 +123,15 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
         sources.insert(0, [_keys_batch(table, args.keys)])
     t0 = time.perf_counter()
     writer = _writer(table, args)
+    pk = table.schema.primary_key
+    reader = MemWalTable(table) if args.delete else None
+    existing: list[pa.Table] = []  # the given keys the table held, looked up before their delete
     with writer:
         for batch in itertools.chain.from_iterable(sources):
-            if args.delete:
-                writer.delete(_keys_of(batch, table.schema.primary_key))
+            if reader is not None:
+                keys = _keys_of(batch, pk)
+                existing.append(_existing(reader, keys, table.schema))
+                writer.delete(keys)
             else:
                 writer.put(batch)
             progress.update(batch.num_rows)
@@ -120,6 +142,7 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
         "operation": "delete" if args.delete else "upsert",
         "files": [str(f) for f in files],
         "rows": progress.done,
+        **({"keys_existed": _distinct(existing, pk)} if args.delete else {}),
         "regions": _regions(writer),
         "write_s": round(put_s, 3),
         "total_s": round(total_s, 3),
@@ -127,6 +150,24 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
     }
     c.emit(args, info, lambda: _text(info))
     return c.Exit.OK
+
+
+def _existing(reader: MemWalTable, keys: pa.RecordBatch, ts: TableSchema) -> pa.Table:
+    """The keys of `keys` the table holds a row for (a point lookup of each key column's values;
+    for a composite key, the combinations found are joined back to the given ones)."""
+    pk = list(ts.primary_key)
+    given = conform(pa.Table.from_batches([keys]), ts.key_schema, what="delete keys")
+    given = given.group_by(pk).aggregate([])
+    wanted = [pc.field(k).isin(given.column(k)) for k in pk]
+    found = reader.to_table(columns=pk, filter=functools.reduce(operator.and_, wanted))
+    return found if len(pk) == 1 else found.join(given, pk, join_type="inner")
+
+
+def _distinct(tables: list[pa.Table], primary_key: tuple[str, ...]) -> int:
+    """The number of distinct keys in `tables` (a key given twice is counted once)."""
+    if not tables:
+        return 0
+    return pa.concat_tables(tables).group_by(list(primary_key)).aggregate([]).num_rows
 
 
 def _keys_of(batch: pa.RecordBatch, primary_key: tuple[str, ...]) -> pa.RecordBatch:
@@ -169,10 +210,15 @@ def _keys_batch(table: Table, keys: str) -> pa.RecordBatch:
 
 
 def _text(info: dict[str, Any]) -> str:
-    what = "deleted" if info["operation"] == "delete" else "upserted"
-    source = f" from {len(info['files'])} file(s)" if info["files"] else ""
+    if info["operation"] == "delete":
+        what = f"deleted {c.count(info['rows'], 'key')} ({info['keys_existed']:,} existed)"
+    else:
+        what = f"upserted {c.count(info['rows'], 'row')}"
+    files = [f for f in info["files"] if f != STDIN]
+    sources = [c.count(len(files), "file")] if files else []
+    sources += ["standard input"] if STDIN in info["files"] else []
+    source = f" from {' and '.join(sources)}" if sources else ""
     return (
-        f"{what} {info['rows']:,} rows{source} through {len(info['regions'])} "
-        f"region(s) in {info['total_s']:.2f}s ({info['rows_per_s'] or 0:,} rows/s; "
-        f"flush and close {info['total_s'] - info['write_s']:.2f}s)"
+        f"{what}{source} through {c.count(len(info['regions']), 'region')} in {info['total_s']:.2f}s "
+        f"({info['rows_per_s'] or 0:,} rows/s; flush and close {info['total_s'] - info['write_s']:.2f}s)"
     )

@@ -3,11 +3,14 @@
 Formats by extension (or `--format`): Parquet (`.parquet`, `.pq`), CSV (`.csv`), JSON lines (`.json`,
 `.jsonl`, `.ndjson`), Arrow IPC files (`.arrow`, `.feather`, `.ipc`) and Arrow IPC streams
 (`.arrows`). Files are read through `pyarrow.dataset` (the IPC stream format through
-`pyarrow.ipc`), so only a batch at a time is in memory.
+`pyarrow.ipc`), so only a batch at a time is in memory. An empty CSV or JSON file has no rows.
+`-` is standard input (its format given with `--format`): CSV, JSON lines and Arrow IPC streams are
+streamed from it; Parquet and Arrow IPC files need random access, so they are read whole first.
 """
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 import pyarrow as pa
+import pyarrow.csv as pcsv
 import pyarrow.dataset as pds
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
 
 from memwal_df.errors import InvalidArgumentError
 
@@ -32,11 +38,15 @@ FORMATS = {
     ".arrows": "arrows",
 }
 FORMAT_NAMES = sorted(set(FORMATS.values()))
+STDIN = "-"  # the input name of standard input
 
 
-def format_of(path: Path, given: str | None) -> str:
-    """The format of `path`: `given`, else from its extension; InvalidArgumentError if unknown."""
-    fmt = given or FORMATS.get(path.suffix.lower())
+def format_of(path: Path | str, given: str | None) -> str:
+    """The format of `path`: `given`, else from its extension; InvalidArgumentError if unknown
+    (standard input, `-`, has no extension: it needs `given`)."""
+    if path == STDIN and given is None:
+        raise InvalidArgumentError("reading standard input (-) needs --format")
+    fmt = given or FORMATS.get(Path(path).suffix.lower())
     if fmt not in FORMAT_NAMES:
         raise InvalidArgumentError(
             f"cannot tell the format of {path} (extensions: {', '.join(sorted(FORMATS))}); pass --format"
@@ -44,20 +54,58 @@ def format_of(path: Path, given: str | None) -> str:
     return fmt
 
 
-def total_rows(path: Path, fmt: str) -> int | None:
-    """Row count when the file's metadata has it (Parquet, Arrow IPC file), else None."""
-    if fmt in ("parquet", "ipc"):
+def total_rows(path: Path | str, fmt: str) -> int | None:
+    """Row count when the file's metadata has it (Parquet, Arrow IPC file), else None (also for
+    standard input)."""
+    if path != STDIN and fmt in ("parquet", "ipc"):
         return pds.dataset(path, format=fmt).count_rows()
     return None
 
 
-def read_batches(path: Path, fmt: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """The file's rows in batches of at most `batch_rows` rows (small batches combined)."""
-    if fmt == "arrows":
+def read_batches(path: Path | str, fmt: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The input's rows in batches of at most `batch_rows` rows (small batches combined); `-` reads
+    standard input."""
+    if path == STDIN:
+        yield from rebatch(_stream_batches(sys.stdin.buffer, fmt), batch_rows)
+    elif fmt == "arrows":
         with pa.OSFile(str(path)) as f:
             yield from rebatch(pa.ipc.open_stream(f), batch_rows)
+    elif fmt in ("csv", "json") and _blank(Path(path)):
         return
-    yield from rebatch(pds.dataset(path, format=fmt).to_batches(batch_size=batch_rows), batch_rows)
+    else:
+        yield from rebatch(pds.dataset(path, format=fmt).to_batches(batch_size=batch_rows), batch_rows)
+
+
+def _blank(path: Path, chunk: int = 1 << 16) -> bool:
+    """Whether a text file holds only whitespace (reads up to its first other byte)."""
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            if block.strip():
+                return False
+    return True
+
+
+def _stream_batches(stream: io.BufferedReader, fmt: str) -> Iterator[pa.RecordBatch]:
+    """The batches of a non-seekable input in `fmt` (empty input: none)."""
+    if fmt in ("parquet", "ipc"):  # need random access: read it whole
+        data = pa.BufferReader(stream.read())
+        if data.size() == 0:
+            return
+        if fmt == "parquet":
+            yield from pq.ParquetFile(data).iter_batches()
+        else:
+            reader = pa.ipc.open_file(data)
+            yield from (reader.get_batch(i) for i in range(reader.num_record_batches))
+        return
+    if not stream.peek(1):
+        return
+    source = pa.PythonFile(stream, mode="r")
+    if fmt == "arrows":
+        yield from pa.ipc.open_stream(source)
+    elif fmt == "csv":
+        yield from pcsv.open_csv(source)
+    else:
+        yield from pjson.open_json(source)
 
 
 def read_all(path: Path, fmt: str) -> pa.Table:
@@ -108,11 +156,20 @@ class Progress:
 
     def _draw(self, now: float) -> None:
         rate = self.done / max(now - self.start, 1e-9)
+        tail = ""
         if self.total:
             share = min(self.done / self.total, 1.0)
             bar = "#" * int(share * 30)
             head = f"[{bar:<30}] {share:4.0%} {self.done:,}/{self.total:,}"
+            if self.done < self.total:
+                tail = f", ETA {_clock((self.total - self.done) / rate) if rate else '?'}"
         else:
             head = f"{self.done:,}"
-        self.out.write(f"\r{self.label}: {head} rows, {rate:,.0f} rows/s")
+        self.out.write(f"\r{self.label}: {head} rows, {rate:,.0f} rows/s{tail}\x1b[K")
         self.out.flush()
+
+
+def _clock(seconds: float) -> str:
+    """A duration as `m:ss` (`h:mm:ss` from an hour)."""
+    m, s = divmod(round(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"

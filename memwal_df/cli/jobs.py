@@ -190,15 +190,17 @@ def _merge_text(r: Any) -> str:
     regions = sum(1 for x in r.regions if x.generations)
     upserted, deleted = sum(x.rows_upserted for x in r.regions), sum(x.rows_deleted for x in r.regions)
     return (
-        f"merged {gens} generation(s) of {regions} region(s): {upserted:,} rows upserted, {deleted:,} "
-        f"tombstones applied; base version {r.base_version}"
+        f"merged {c.count(gens, 'generation')} of {c.count(regions, 'region')}: "
+        f"{c.count(upserted, 'row')} upserted, {c.count(deleted, 'tombstone')} applied; "
+        f"base version {r.base_version}"
     )
 
 
 def _build_text(r: Any) -> str:
     return (
-        f"MemWAL index snapshot of {r.regions} region(s), {r.generations} generation(s) at base version "
-        f"{r.version} ({r.location}, {r.snapshot_bytes:,} bytes); {r.last_seen_advanced} WAL hint(s) advanced"
+        f"MemWAL index snapshot of {c.count(r.regions, 'region')}, {c.count(r.generations, 'generation')} "
+        f"at base version {r.version} ({r.location}, {c.count(r.snapshot_bytes, 'byte')}); "
+        f"{c.count(r.last_seen_advanced, 'WAL hint')} advanced"
     )
 
 
@@ -208,13 +210,14 @@ def _gc_text(r: Any) -> str:
     orphans = sum(len(x.orphans) for x in r.regions)
     manifests = sum(len(x.manifest_versions) for x in r.regions)
     return (
-        f"removed {gens} generation(s), {wal} WAL entr{'y' if wal == 1 else 'ies'}, {orphans} orphaned "
-        f"director{'y' if orphans == 1 else 'ies'} and {manifests} manifest version(s)"
+        f"removed {c.count(gens, 'generation')}, {c.count(wal, 'WAL entry', 'WAL entries')}, "
+        f"{c.count(orphans, 'orphaned directory', 'orphaned directories')} and "
+        f"{c.count(manifests, 'manifest version')}"
     )
 
 
 def _recover_text(recovered: list[Any]) -> str:
-    return f"recovered {len(recovered)} region(s)" + "".join(f"\n  {x}" for x in recovered)
+    return f"recovered {c.count(len(recovered), 'region')}" + "".join(f"\n  {x}" for x in recovered)
 
 
 def run_maintain(args: argparse.Namespace) -> int:
@@ -257,7 +260,7 @@ def run_maintain(args: argparse.Namespace) -> int:
         args,
         summary,
         lambda: (
-            f"{len(rounds)} round(s)"
+            c.count(len(rounds), "round")
             + (f"; failed jobs: {', '.join(sorted(failed))}" if failed else "; no errors")
             + _corrupt_text(args.uri, corrupt)
         ),

@@ -114,7 +114,7 @@ def render(result: pa.Table, max_rows: int) -> str:
     """A result as an aligned text table of at most `max_rows` rows, with the row count."""
     shown = result.slice(0, max_rows)
     rows = [list(r.values()) for r in shown.to_pylist()]
-    footer = f"({result.num_rows:,} row{'s' if result.num_rows != 1 else ''}"
+    footer = f"({c.count(result.num_rows, 'row')}"
     footer += f", first {max_rows} shown)" if result.num_rows > max_rows else ")"
     return c.text_table(result.column_names, rows) + "\n" + footer
 
@@ -169,7 +169,10 @@ def _filter(text: str | None, schema: pa.Schema) -> Any:
 class Shell:
     """The interactive SQL shell: statements end with `;` (a statement unfinished at end of input
     runs too); backslash commands take a line of their own, `\\q` quits without running an
-    unfinished statement. The exit code is 6 when any statement or command failed."""
+    unfinished statement. On a terminal, Ctrl-C cancels the running statement, or drops the
+    statement being typed, and returns to the prompt; Ctrl-D (end of input) or `\\q` quits. Without a
+    terminal (a script on stdin) Ctrl-C ends the shell with exit code 130. The exit code is 6 when
+    any statement or command failed."""
 
     HELP = (
         "statements end with ';' and may span lines\n"
@@ -190,16 +193,22 @@ class Shell:
             print(f"memwal SQL shell; tables: {', '.join(self.tables())}. \\? for help, \\q to quit.")
         buffer: list[str] = []
         while True:
-            line = self._read("memwal> " if not buffer else "   ...> ")
-            if line is None:
-                break
-            if line.strip().startswith("\\"):  # a command, also inside a statement (\q drops it)
-                if not self.command(line.strip()):
-                    return self._exit()
-                continue
-            buffer.append(line)
-            if line.rstrip().endswith(";"):
-                self.execute("\n".join(buffer))
+            try:
+                line = self._read("memwal> " if not buffer else "   ...> ")
+                if line is None:
+                    break
+                if line.strip().startswith("\\"):  # a command, also inside a statement (\q drops it)
+                    if not self.command(line.strip()):
+                        return self._exit()
+                    continue
+                buffer.append(line)
+                if line.rstrip().endswith(";"):
+                    self.execute("\n".join(buffer))
+                    buffer = []
+            except KeyboardInterrupt:
+                if not self.interactive:
+                    raise
+                print("\ncancelled" if buffer else "", file=sys.stderr)
                 buffer = []
         if "".join(buffer).strip():
             self.execute("\n".join(buffer))

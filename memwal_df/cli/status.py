@@ -8,7 +8,7 @@ from typing import Any
 
 from memwal_df import memwal_index
 from memwal_df.cli import _common as c
-from memwal_df.table import Table
+from memwal_df.table import RegionStatus, Table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +36,7 @@ def collect(table: Table, check_wal: bool = True) -> dict[str, Any]:
     regions = []
     for r in st["regions"]:
         d = c.plain(r)
+        d["values_text"] = _values_text(table, r)
         d["unmerged_generations"] = [g for g, _ in r.flushed_generations if g > r.merged_generation]
         d["index_catchup"] = {name: per.get(r.region_id, 0) for name, per in sorted(catchup.items())}
         regions.append(d)
@@ -59,7 +60,7 @@ def text(info: dict[str, Any]) -> str:
     indexes = [i for i in info["indexes"] if i != memwal_index.MEMWAL_INDEX_NAME]
     head = [
         f"table        {info['uri']}",
-        f"base         version {info['base_version']}, {info['base_rows']:,} rows",
+        f"base         version {info['base_version']}, {c.count(info['base_rows'], 'row')}",
         f"primary key  {', '.join(info['primary_key'])}",
         f"region spec  {info['region_spec_text']}",
         f"snapshot     {_snapshot_text(info['region_snapshot_ms'])}",
@@ -76,7 +77,7 @@ def text(info: dict[str, Any]) -> str:
     rows = [
         [
             r["region_id"][:8],
-            "" if r["values"] is None else ", ".join(map(str, r["values"])),
+            r["values_text"] or "",
             r["writer_epoch"],
             r["manifest_version"],
             r["current_generation"],
@@ -90,7 +91,7 @@ def text(info: dict[str, Any]) -> str:
         for r in regions
     ]
     unmerged = sum(len(r["unmerged_generations"]) for r in regions)
-    foot = f"{len(regions)} regions, {unmerged} flushed generations not merged yet"
+    foot = f"{c.count(len(regions), 'region')}, {c.count(unmerged, 'flushed generation')} not merged yet"
     return "\n".join([*head, "", c.text_table(headers, rows), "", foot, *corrupt])
 
 
@@ -99,12 +100,20 @@ def _corrupt_text(info: dict[str, Any]) -> list[str]:
     corrupt = info["corrupt_regions"]
     if not corrupt:
         return []
-    lines = ["", f"CORRUPT: {len(corrupt)} region(s) have a file that cannot be decoded:"]
+    lines = ["", f"CORRUPT: {c.count(len(corrupt), 'region')} with a file that cannot be decoded:"]
     for p in corrupt:
         lines.append(f"  region {p['region_id']}: {p['kind']} {p['path']}")
         lines.append(f"    {p['error']}")
     lines.append(f"see `memwal repair {info['uri']} --region REGION` (docs/operations.md)")
     return lines
+
+
+def _values_text(table: Table, region: RegionStatus) -> str | None:
+    """The region's values labelled with their fields (`id=2`); None for a region without values."""
+    spec = table.specs.get(region.spec_id)
+    if region.values is None or spec is None:
+        return None
+    return spec.value_text(region.values, {i: n for n, i in table.schema.field_ids.items()})
 
 
 def _snapshot_text(ms: int | None) -> str:

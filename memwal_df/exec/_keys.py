@@ -113,7 +113,7 @@ def key_filter(keys: pa.Table, primary_key: Sequence[str]) -> str:
 
     Exact for one-column keys; for composite keys it may match more (combine with `member_mask`).
     Lance answers `IN` on a column with a scalar index (btree, bitmap) from the index. SQL, not a
-    pyarrow expression: Lance converts those through Substrait, which costs ~0.25 ms per scan and
+    pyarrow expression: Lance converts those through Substrait, which adds a cost to every scan and
     rejects uint64, large_utf8 and large_binary columns. Every Lance primary-key type has literals.
     """
     if keys.num_rows == 0:

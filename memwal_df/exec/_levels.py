@@ -62,7 +62,7 @@ def filter_mask(level: Level, filter: pc.Expression | None) -> np.ndarray | None
 def take_rows(level: Level, positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
     """The rows at `positions` (in that order), `columns` only: from memory for a MemTable and for a
     generation whose `columns` take at most `RESIDENT_BYTES` (read whole once per process: a Lance
-    take costs ~1 ms a call, most of a search's row phase), else through a Lance take."""
+    take per call would be most of a search's row phase), else through a Lance take."""
     indices = pa.array(np.asarray(positions, dtype=np.int64))
     if level.kind == "memtable":
         assert level.table is not None

@@ -179,10 +179,10 @@ class AntiJoinScanExec(ExecNode):
     """Rows of a span of the base table whose key is in no newer level (the `shadow` key set).
 
     The base table holds one row per key, so the pushed filter goes into the Lance scan itself, with
-    the span's `_rowaddr` range. Any filter makes Lance read the other columns late, by row address:
-    on the 1M-row bench base (with a 64-float vector column) Lance's scanner alone took 290-1100 ms
-    for a plain scan and 69-137 ms with the whole-fragment `_rowaddr` range, same runs. `note` says
-    why these fragments were chosen (index coverage), for `explain`."""
+    the span's `_rowaddr` range. Any filter makes Lance read the other columns late, by row address,
+    and a `_rowaddr` range over whole fragments makes Lance's scan several times faster than a plain
+    scan of a wide base (a vector column). `note` says why these fragments were chosen (index
+    coverage), for `explain`."""
 
     def __init__(
         self,

@@ -1,8 +1,8 @@
 """In-memory copies of small generations' rows, for point lookups.
 
 A flushed generation never changes, so its rows can be kept: a lookup then takes its row with an Arrow
-slice (microseconds) instead of a Lance `FragmentSession.take` (~0.25 ms on local disk, a GET on an
-object store).
+slice instead of a Lance `FragmentSession.take` (a file read on local disk, a GET on an object
+store).
 
 Guarantees:
 

@@ -112,8 +112,8 @@ class KeySet:
         return pc.is_in(keys, value_set=self._values).to_numpy(zero_copy_only=False)
 
     def _dense(self) -> tuple[int, np.ndarray] | None:
-        """(lowest key, one bool per key value up to the highest): a lookup table, 5-10x faster to probe
-        than `searchsorted`, built once when the keys are dense enough that it stays small."""
+        """(lowest key, one bool per key value up to the highest): a lookup table, faster to probe than
+        `searchsorted`, built once when the keys are dense enough that it stays small."""
         if self._table is None:
             keys = self._sorted
             assert keys is not None

@@ -76,10 +76,9 @@ _GEMV_ELEMENTS = 8192
 
 
 def _matvec(matrix: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """matrix @ q as single-threaded BLAS gemvs over blocks of rows: 62 us per 16.7k x 64 float32
-    against 146 us for `np.einsum`. One gemv over the whole matrix is multi-threaded in OpenBLAS, and
-    its threads spin while Lance's threads hold the cores (measured 650 us per call with a Lance
-    search running on another thread)."""
+    """matrix @ q as single-threaded BLAS gemvs over blocks of rows (faster than `np.einsum`). One
+    gemv over the whole matrix is multi-threaded in OpenBLAS, and its threads spin while Lance's
+    threads hold the cores (a Lance search running on another thread makes it many times slower)."""
     rows = max(1, _GEMV_ELEMENTS // max(1, matrix.shape[1]))
     full = len(matrix) // rows * rows
     if out is None:

@@ -96,7 +96,7 @@ def plan_point_lookup(
                 [*inputs, take_base],
                 pk,
                 out_columns,
-                label=_regions_label(regions, spec),
+                label=_regions_label(regions, spec, field_ids),
                 schema=out_schema,
             )
         )
@@ -188,12 +188,14 @@ def _level_input(level: Level, columns: list[str], primary_key: list[str]) -> Ca
     return guarded
 
 
-def _regions_label(regions: Sequence[RegionLevels], spec: RegionSpec | None) -> str:
+def _regions_label(
+    regions: Sequence[RegionLevels], spec: RegionSpec | None, field_ids: Mapping[str, int]
+) -> str:
+    names = {i: n for n, i in field_ids.items()}
     parts = []
     for r in regions:
         text = f"region {short_id(r.region_id)}"
         if r.values is not None and spec is not None and r.spec_id == spec.spec_id:
-            pairs = zip(spec.fields, r.values, strict=True)
-            text += " (" + ", ".join(f"{f.field_id}={v}" for f, v in pairs) + ")"
+            text += f" ({spec.value_text(r.values, names)})"
         parts.append(text)
     return ", ".join(parts)
