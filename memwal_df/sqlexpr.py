@@ -8,18 +8,23 @@ operand | IS [NOT] NULL]`; `operand := column | literal | (expr)`. Literals: int
 'strings' ('' escapes a quote), TRUE, FALSE, NULL, DATE 'yyyy-mm-dd', TIMESTAMP '…'. Columns: names
 or "quoted names".
 
-Guarantees: anything outside the grammar raises `ValueError` naming the position; a parsed filter
-means what DataFusion's SQL means for these forms.
+Guarantees: anything outside the grammar raises `InvalidFilterError` (a `ValueError`) naming the
+position; a parsed filter means what DataFusion's SQL means for these forms. Given the table's
+schema, a filter naming a column the table lacks, or comparing a column with a value (or column) of
+a type it cannot be compared with, raises `InvalidFilterError` naming the column and the value.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from memwal_df.errors import InvalidFilterError
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -42,14 +47,17 @@ _COMPARE = {
 }
 
 
-def parse_filter(text: str) -> pc.Expression:
-    """The pyarrow expression of a SQL predicate."""
-    return _Parser(text).parse()
+def parse_filter(text: str, schema: pa.Schema | None = None) -> pc.Expression:
+    """The pyarrow expression of a SQL predicate, checked against `schema` when given."""
+    return _Parser(text, schema).parse()
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, schema: pa.Schema | None = None) -> None:
         self.text = text
+        self.schema = schema
+        self.columns: list[tuple[pc.Expression, str]] = []  # the column operands read so far
+        self.values: list[tuple[pc.Expression, Any]] = []  # the literal operands read so far
         self.tokens: list[tuple[str, str, int]] = []
         pos = 0
         while pos < len(text):
@@ -57,7 +65,9 @@ class _Parser:
                 break
             m = _TOKEN.match(text, pos)
             if m is None or m.end() == pos:
-                raise ValueError(f"cannot read the filter at position {pos}: {text[pos : pos + 20]!r}")
+                raise InvalidFilterError(
+                    f"cannot read the filter at position {pos}: {text[pos : pos + 20]!r}"
+                )
             kind = m.lastgroup or ""
             self.tokens.append((kind, m.group(kind), m.start(kind)))
             pos = m.end()
@@ -84,10 +94,54 @@ class _Parser:
             return tok[1]
         return None
 
-    def _fail(self, what: str) -> ValueError:
+    def _fail(self, what: str) -> InvalidFilterError:
         tok = self._peek()
         where = f"position {tok[2]} ({tok[1]!r})" if tok else "the end"
-        return ValueError(f"expected {what} at {where} in filter {self.text!r}")
+        return InvalidFilterError(f"expected {what} at {where} in filter {self.text!r}")
+
+    # -- checks against the schema
+
+    def _column(self, name: str) -> pc.Expression:
+        if self.schema is not None and name not in self.schema.names:
+            raise InvalidFilterError(
+                f"filter {self.text!r} names column {name!r}, which the table does not have "
+                f"(columns: {', '.join(self.schema.names)})"
+            )
+        expr = pc.field(name)
+        self.columns.append((expr, name))
+        return expr
+
+    def _name_of(self, operand: Any) -> str | None:
+        if not isinstance(operand, pc.Expression):
+            return None
+        return next((n for e, n in self.columns if e.equals(operand)), None)
+
+    def _value_of(self, operand: Any) -> Any:
+        if isinstance(operand, pc.Expression):
+            return next((v for e, v in self.values if e.equals(operand)), str(operand))
+        return operand
+
+    def _checked(self, build: Callable[[], pc.Expression], left: Any, right: Any) -> pc.Expression:
+        """`build()` (`left` compared with `right`) once it binds to the schema's column types."""
+        try:
+            expr = build()
+            if self.schema is not None:
+                self.schema.empty_table().filter(expr)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            name, value = self._name_of(left), right
+            if name is None:
+                name, value = self._name_of(right), left
+            if name is None or self._name_of(value) is not None or self.schema is None:
+                raise InvalidFilterError(
+                    f"filter {self.text!r} cannot compare {left} with {right}: {e}"
+                ) from None
+            column_type = self.schema.field(name).type
+            raise InvalidFilterError(
+                f"filter {self.text!r} compares column {name!r} ({column_type}) with "
+                f"{self._value_of(value)!r}, which is not of the column's type: compare it with "
+                f"a value of type {column_type}"
+            ) from None
+        return expr
 
     # -- grammar
 
@@ -95,6 +149,13 @@ class _Parser:
         expr = self._or()
         if self._peek() is not None:
             raise self._fail("the end of the filter")
+        if self.schema is not None:
+            try:
+                self.schema.empty_table().filter(expr)
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise InvalidFilterError(
+                    f"filter {self.text!r} is not a condition on the table's rows: {e}"
+                ) from None
         return expr
 
     def _or(self) -> pc.Expression:
@@ -117,7 +178,8 @@ class _Parser:
     def _predicate(self) -> pc.Expression:
         left = self._operand()
         if (op := self._op(*_COMPARE)) is not None:
-            return _COMPARE[op](left, self._operand())
+            right = self._operand()
+            return self._checked(lambda: _COMPARE[op](left, right), left, right)
         negate = self._keyword("NOT")
         if self._keyword("IN"):
             if self._op("(") is None:
@@ -127,7 +189,7 @@ class _Parser:
                 values.append(self._literal())
             if self._op(")") is None:
                 raise self._fail("')'")
-            expr = left.isin([v for v in values if v is not None])
+            expr = self._checked(lambda: left.isin([v for v in values if v is not None]), left, values)
             if not negate:
                 return expr
             # SQL: NULL NOT IN (...) is NULL, and x NOT IN (..., NULL) is never true
@@ -136,7 +198,8 @@ class _Parser:
             lo = self._operand()
             if not self._keyword("AND"):
                 raise self._fail("AND")
-            expr = (left >= lo) & (left <= self._operand())
+            hi = self._operand()
+            expr = self._checked(lambda: left >= lo, left, lo) & self._checked(lambda: left <= hi, left, hi)
             return ~expr if negate else expr
         if negate:
             raise self._fail("IN or BETWEEN after NOT")
@@ -160,11 +223,14 @@ class _Parser:
             return expr
         if tok[0] == "qid":
             self.i += 1
-            return pc.field(tok[1][1:-1].replace('""', '"'))
+            return self._column(tok[1][1:-1].replace('""', '"'))
         if tok[0] == "id" and tok[1].upper() not in ("TRUE", "FALSE", "NULL", "DATE", "TIMESTAMP"):
             self.i += 1
-            return pc.field(tok[1])
-        return pc.scalar(self._literal())
+            return self._column(tok[1])
+        value = self._literal()
+        expr = pc.scalar(value)
+        self.values.append((expr, value))
+        return expr
 
     def _literal(self) -> Any:
         tok = self._peek()
