@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from memwal_df._pools import shared_pool
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import InvalidRegionSpecError, RegionRoutingError
+from memwal_df.intexpr import Evaluator, as_array, compile_int_expression
 from memwal_df.murmur3 import is_hashable, murmur3_32_spark, murmur3_multi
 
 __all__ = [
@@ -726,13 +727,18 @@ class Expression(Transform):
     """A DataFusion SQL expression over ``col0``, ``col1``, ... (spec "Region Expression").
 
     ``murmur3(x)`` and ``murmur3_multi(x, y, ...)`` are available and hash exactly like the bucket
-    transforms (NULL in, NULL out). Volatile functions (now(), random(), ...) are rejected.
+    transforms (NULL in, NULL out). Volatile functions (now(), random(), ...) are rejected. Integer
+    arithmetic and hashes (`memwal_df.intexpr`) are evaluated with pyarrow, the rest by DataFusion on
+    its own thread: both give DataFusion's values, inside a query's callbacks as outside.
     """
 
     sql: str
     name: ClassVar[str] = "expression"
     arity: ClassVar[int | None] = None
     _cache: dict[tuple[pa.DataType, ...], _CompiledExpression] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    _fast: dict[tuple[pa.DataType, ...], Evaluator | None] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, compare=False, repr=False)
@@ -770,8 +776,21 @@ class Expression(Transform):
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return self.compile(source_types).out_type
 
+    def vectorized(self, source_types: Sequence[pa.DataType]) -> Evaluator | None:
+        """The expression compiled to pyarrow for these source types (cached), None when it is
+        outside `memwal_df.intexpr`'s subset and DataFusion evaluates it."""
+        key = tuple(source_types)
+        with self._lock:
+            if key not in self._fast:
+                self._fast[key] = compile_int_expression(self.sql, key)
+            return self._fast[key]
+
     def apply(self, arrays: Sequence[pa.Array], num_rows: int | None = None) -> pa.Array:
         cols = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+        fast = self.vectorized([a.type for a in cols])
+        if fast is not None:
+            n = len(cols[0]) if cols else num_rows or 0
+            return as_array(fast(cols, n), n)
         compiled = self.compile([a.type for a in cols])
         batch = pa.RecordBatch.from_arrays(cols, schema=compiled.schema)
         return _on_expression_thread(compiled.evaluate, batch)
