@@ -10,21 +10,22 @@ or "quoted names".
 
 Guarantees: anything outside the grammar raises `InvalidFilterError` (a `ValueError`) naming the
 position; a parsed filter means what DataFusion's SQL means for these forms. Given the table's
-schema, a filter naming a column the table lacks, or comparing a column with a value (or column) of
-a type it cannot be compared with, raises `InvalidFilterError` naming the column and the value.
+schema, a filter naming a column the table lacks, or comparing a column with a value of a type it
+cannot be compared with, raises `InvalidFilterError` naming the column and the value
+(`memwal_df.predicate.check_filter`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import InvalidFilterError
+from memwal_df.predicate import check_filter
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -49,15 +50,15 @@ _COMPARE = {
 
 def parse_filter(text: str, schema: pa.Schema | None = None) -> pc.Expression:
     """The pyarrow expression of a SQL predicate, checked against `schema` when given."""
-    return _Parser(text, schema).parse()
+    expr = _Parser(text).parse()
+    if schema is not None:
+        check_filter(expr, schema, text)
+    return expr
 
 
 class _Parser:
-    def __init__(self, text: str, schema: pa.Schema | None = None) -> None:
+    def __init__(self, text: str) -> None:
         self.text = text
-        self.schema = schema
-        self.columns: list[tuple[pc.Expression, str]] = []  # the column operands read so far
-        self.values: list[tuple[pc.Expression, Any]] = []  # the literal operands read so far
         self.tokens: list[tuple[str, str, int]] = []
         pos = 0
         while pos < len(text):
@@ -99,63 +100,12 @@ class _Parser:
         where = f"position {tok[2]} ({tok[1]!r})" if tok else "the end"
         return InvalidFilterError(f"expected {what} at {where} in filter {self.text!r}")
 
-    # -- checks against the schema
-
-    def _column(self, name: str) -> pc.Expression:
-        if self.schema is not None and name not in self.schema.names:
-            raise InvalidFilterError(
-                f"filter {self.text!r} names column {name!r}, which the table does not have "
-                f"(columns: {', '.join(self.schema.names)})"
-            )
-        expr = pc.field(name)
-        self.columns.append((expr, name))
-        return expr
-
-    def _name_of(self, operand: Any) -> str | None:
-        if not isinstance(operand, pc.Expression):
-            return None
-        return next((n for e, n in self.columns if e.equals(operand)), None)
-
-    def _value_of(self, operand: Any) -> Any:
-        if isinstance(operand, pc.Expression):
-            return next((v for e, v in self.values if e.equals(operand)), str(operand))
-        return operand
-
-    def _checked(self, build: Callable[[], pc.Expression], left: Any, right: Any) -> pc.Expression:
-        """`build()` (`left` compared with `right`) once it binds to the schema's column types."""
-        try:
-            expr = build()
-            if self.schema is not None:
-                self.schema.empty_table().filter(expr)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            name, value = self._name_of(left), right
-            if name is None:
-                name, value = self._name_of(right), left
-            if name is None or self._name_of(value) is not None or self.schema is None:
-                raise InvalidFilterError(
-                    f"filter {self.text!r} cannot compare {left} with {right}: {e}"
-                ) from None
-            column_type = self.schema.field(name).type
-            raise InvalidFilterError(
-                f"filter {self.text!r} compares column {name!r} ({column_type}) with "
-                f"{self._value_of(value)!r}, which is not of the column's type: compare it with "
-                f"a value of type {column_type}"
-            ) from None
-        return expr
-
     # -- grammar
 
     def parse(self) -> pc.Expression:
         expr = self._or()
         if self._peek() is not None:
             raise self._fail("the end of the filter")
-        if self.schema is not None:
-            try:
-                self.schema.empty_table().filter(expr)
-            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                raise InvalidFilterError(
-                    f"filter {self.text!r} is not a condition on the table's rows: {e}"
-                ) from None
         return expr
 
     def _or(self) -> pc.Expression:
@@ -178,8 +128,7 @@ class _Parser:
     def _predicate(self) -> pc.Expression:
         left = self._operand()
         if (op := self._op(*_COMPARE)) is not None:
-            right = self._operand()
-            return self._checked(lambda: _COMPARE[op](left, right), left, right)
+            return _COMPARE[op](left, self._operand())
         negate = self._keyword("NOT")
         if self._keyword("IN"):
             if self._op("(") is None:
@@ -189,7 +138,12 @@ class _Parser:
                 values.append(self._literal())
             if self._op(")") is None:
                 raise self._fail("')'")
-            expr = self._checked(lambda: left.isin([v for v in values if v is not None]), left, values)
+            try:
+                expr = left.isin([v for v in values if v is not None])
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise InvalidFilterError(
+                    f"filter {self.text!r} compares {left} with values of different types {values}: {e}"
+                ) from None
             if not negate:
                 return expr
             # SQL: NULL NOT IN (...) is NULL, and x NOT IN (..., NULL) is never true
@@ -198,8 +152,7 @@ class _Parser:
             lo = self._operand()
             if not self._keyword("AND"):
                 raise self._fail("AND")
-            hi = self._operand()
-            expr = self._checked(lambda: left >= lo, left, lo) & self._checked(lambda: left <= hi, left, hi)
+            expr = (left >= lo) & (left <= self._operand())
             return ~expr if negate else expr
         if negate:
             raise self._fail("IN or BETWEEN after NOT")
@@ -223,14 +176,11 @@ class _Parser:
             return expr
         if tok[0] == "qid":
             self.i += 1
-            return self._column(tok[1][1:-1].replace('""', '"'))
+            return pc.field(tok[1][1:-1].replace('""', '"'))
         if tok[0] == "id" and tok[1].upper() not in ("TRUE", "FALSE", "NULL", "DATE", "TIMESTAMP"):
             self.i += 1
-            return self._column(tok[1])
-        value = self._literal()
-        expr = pc.scalar(value)
-        self.values.append((expr, value))
-        return expr
+            return pc.field(tok[1])
+        return pc.scalar(self._literal())
 
     def _literal(self) -> Any:
         tok = self._peek()

@@ -9,6 +9,7 @@ from pathlib import Path
 import datafusion
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import memwal_df as mw
@@ -171,3 +172,22 @@ def test_unwrap_rebuilds_errors_with_extra_constructor_arguments() -> None:
     assert typed.path == "_mem_wal/r/wal/1.arrow"
     not_ours = "Execution error: PyErr { type: <class 'os.Error'>, value: Error('x'), traceback: None }"
     assert errors.unwrap(ValueError(not_ours)).args == (not_ours,)
+
+
+@pytest.mark.parametrize(
+    ("flt", "words"),
+    [
+        (pc.field("nope") == 1, "names column 'nope', which the table does not have"),
+        (pc.field("category") == 5, "compares column 'category' (string) with 5"),
+        (pc.field("id").isin(["a", "b"]), "compares column 'id' (int64) with ['a', 'b']"),
+        (pc.field("id"), "is not a condition on the table's rows"),
+    ],
+)
+def test_python_filters_get_the_same_typed_errors(table: mw.Table, flt: pc.Expression, words: str) -> None:
+    """MemWalTable.to_table / explain check a pyarrow filter as SQL text filters are checked: the
+    error names the unknown column, or the column and the value of another type."""
+    reader = mw.MemWalTable(table)
+    for call in (lambda: reader.to_table(filter=flt), lambda: reader.explain(flt)):
+        with pytest.raises(InvalidFilterError) as raised:
+            call()
+        assert words in str(raised.value)
