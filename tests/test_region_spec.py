@@ -1125,6 +1125,33 @@ def test_vectorized_int_expressions_at_the_edges_equal_datafusion(t: pa.DataType
         assert got == _outcome(lambda batch=batch: expr.compile([t, t]).evaluate(batch)), (sql, i)
 
 
+_HASHED = {
+    "string": pa.array(["a", "", None, "h\u00e9llo"]),
+    "large_string": pa.array(["a", "", None, "x"], pa.large_string()),
+    "binary": pa.array([b"a", b"", None, b"\x00"]),
+    "date32": pa.array([dt.date(2024, 1, 1), None, dt.date(1969, 12, 31), dt.date(2000, 2, 29)]),
+    "float64": pa.array([1.5, -0.0, None, float("nan")]),
+    "float32": pa.array([1.5, -0.0, None, 2.0], pa.float32()),
+    "bool": pa.array([True, False, None, True]),
+    "timestamp": pa.array([dt.datetime(2024, 1, 1), None, dt.datetime(1960, 1, 1), None], pa.timestamp("us")),
+    "uint32": pa.array([1, 2, None, 2**32 - 1], pa.uint32()),
+}
+
+
+@pytest.mark.parametrize("column", list(_HASHED))
+@pytest.mark.parametrize("sql", ["murmur3(col0)", "murmur3(col0) % 4", "abs(murmur3_multi(col0, col1)) % 3"])
+def test_vectorized_hashes_of_every_type_equal_datafusion(column: str, sql: str) -> None:
+    cols = [_HASHED[column], pa.array([1, None, 3, 4], pa.int64())][: 2 if "col1" in sql else 1]
+    types = [c.type for c in cols]
+    expr = rs.Expression(sql)
+    fast = expr.vectorized(types)
+    assert fast is not None
+    batch = pa.RecordBatch.from_arrays(cols, names=[f"col{i}" for i in range(len(cols))])
+    assert _outcome(lambda: as_array(fast(cols, 4), 4)) == _outcome(
+        lambda: expr.compile(types).evaluate(batch)
+    )
+
+
 def test_expressions_outside_the_vectorized_subset_use_datafusion() -> None:
     text = pa.array(["abc", None])
     for sql, types in [
