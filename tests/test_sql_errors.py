@@ -44,7 +44,11 @@ def _rows(ids: range) -> pa.Table:
 
 @pytest.fixture
 def table(tmp_path: Path) -> mw.Table:
-    t = mw.create_table(str(tmp_path / "t"), SCHEMA, "id", region_spec=mw.bucket("id", 2))
+    return _make_table(str(tmp_path / "t"), None)
+
+
+def _make_table(uri: str, storage_options: dict[str, str] | None) -> mw.Table:
+    t = mw.create_table(uri, SCHEMA, "id", region_spec=mw.bucket("id", 2), storage_options=storage_options)
     with t.writer() as w:
         w.put(_rows(range(20)))
         w.flush()
@@ -145,12 +149,29 @@ def test_unreadable_generation_is_typed_through_sql(
     table: mw.Table, ctx: datafusion.SessionContext, sql: str
 ) -> None:
     """A generation that exists but cannot be read fails a scan, a lookup and a search alike."""
+    _break_generations(table)
+    with pytest.raises(MissingGenerationError, match="cannot be read"):
+        mw.query(ctx, sql)
+
+
+def _break_generations(table: mw.Table) -> None:
     for region in table.region_ids():
         for path in table.storage.list(f"_mem_wal/{region}"):
             if "_gen_" in path and "/_versions/" in path:
                 table.storage.delete(path)
+
+
+def test_errors_are_typed_through_sql_on_every_backend(
+    table_uri: str, table_storage_options: dict[str, str] | None
+) -> None:
+    table = _make_table(table_uri, table_storage_options)
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", mw.MemWalTable(table))
+    with pytest.raises(InvalidFilterError, match="column 'nope'"):
+        mw.query(ctx, f"SELECT * FROM {VS}, named_struct('filter', 'nope = 1'))")
+    _break_generations(table)
     with pytest.raises(MissingGenerationError, match="cannot be read"):
-        mw.query(ctx, sql)
+        mw.query(ctx, "SELECT count(*) FROM t")
 
 
 def test_query_returns_results_and_passes_datafusion_errors_through(ctx: datafusion.SessionContext) -> None:

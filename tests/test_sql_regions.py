@@ -68,9 +68,9 @@ def _row(i: int, version: int) -> dict[str, Any]:
 class Model:
     """The table as a dict by id, plus the writer and a registered SQL context."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, uri: str, name: str, storage_options: dict[str, str] | None = None) -> None:
         pk, spec = SPECS[name]
-        self.table = mw.create_table(str(path / "t"), SCHEMA, pk, region_spec=spec)
+        self.table = mw.create_table(uri, SCHEMA, pk, region_spec=spec, storage_options=storage_options)
         self.writer = self.table.writer()
         self.rows: dict[int, dict[str, Any]] = {}
         self.keys_only = "id" in pk and name not in ("year", "month", "day", "hour")
@@ -100,7 +100,7 @@ class Model:
 
 @pytest.fixture(params=list(SPECS))
 def model(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
-    m = Model(tmp_path, request.param)
+    m = Model(str(tmp_path / "t"), request.param)
     m.put(range(0, 30), 1)
     m.writer.flush()
     m.table.merge()
@@ -175,7 +175,7 @@ def _sql_literal(v: Any) -> str:
 def test_concurrent_queries_and_writes_on_a_datafusion_expression(tmp_path: Path) -> None:
     """Queries on several threads and a writer share the one thread that evaluates DataFusion
     region expressions: every query answers (no deadlock, no panic) with the rows written."""
-    m = Model(tmp_path, "expression by DataFusion")
+    m = Model(str(tmp_path / "t"), "expression by DataFusion")
     m.put(range(0, 60), 1)
     m.writer.flush()
     failures: list[BaseException] = []
@@ -196,4 +196,26 @@ def test_concurrent_queries_and_writes_on_a_datafusion_expression(tmp_path: Path
         t.join(120)
     assert not any(t.is_alive() for t in threads) and not failures, failures
     assert m.ids("SELECT id FROM t WHERE id >= 55") == list(range(55, 90))
+    m.writer.close()
+
+
+@pytest.mark.parametrize("name", ["expression modulo", "expression by DataFusion"])
+def test_expression_tables_on_every_backend(
+    table_uri: str, table_storage_options: dict[str, str] | None, name: str
+) -> None:
+    m = Model(table_uri, name, table_storage_options)
+    m.put(range(0, 20), 1)
+    m.writer.flush()
+    m.table.merge()
+    m.put(range(10, 25), 2)
+    m.writer.flush()
+    for i in (3, 15, 99):
+        assert m.sql(f"SELECT * FROM t WHERE id = {i}") == ([m.rows[i]] if i in m.rows else [])
+    assert m.ids("SELECT id FROM t WHERE id IN (3, 15, 24, 99)") == [3, 15, 24]
+    assert m.ids(
+        "SELECT id FROM vector_search('t', 'vec', [15.0, 1.0], 2, named_struct('filter', 'id < 20'))"
+    ) == [
+        14,
+        15,
+    ]
     m.writer.close()
