@@ -11,6 +11,7 @@ import ast
 import inspect
 import re
 import sys
+import uuid
 
 
 class MemWalError(Exception):
@@ -21,8 +22,18 @@ class SchemaMismatchError(MemWalError, ValueError):
     """Data whose schema does not match the table's (missing, extra or differently typed columns)."""
 
 
+class MissingColumnsError(SchemaMismatchError):
+    """Input that lacks columns the operation needs: a put needs every column of the table (it
+    replaces whole rows), a delete or lookup every primary-key column. `columns` names them."""
+
+    def __init__(self, message: str, columns: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.columns = columns
+
+
 class InvalidArgumentError(MemWalError, ValueError):
-    """A command-line argument that cannot be parsed (schema text, region spec text, `key=value`)."""
+    """An argument that cannot be parsed: command-line text (schema, region spec, `key=value`) or an
+    API argument of the wrong form (a region id that is not a UUID)."""
 
 
 class NullPrimaryKeyError(MemWalError, ValueError):
@@ -99,6 +110,29 @@ class WriterClosedError(MemWalError):
 
 class InvalidConfigError(MemWalError, ValueError):
     """A MemWAL configuration Lance or the spec refuses (unknown maintained index, bad writer setting)."""
+
+
+class CorruptRegionsError(MemWalError):
+    """A job that covers many regions (`recover`, `merge`, `gc`) did its work on every healthy region,
+    but some regions have a corrupt WAL entry or region manifest.
+
+    `errors` maps each failed region's id to its `CorruptWalEntryError` / `CorruptManifestError`
+    (whose `path` names the file); `result` is what the job did on the other regions (the
+    recovered region ids for `recover`, a `MergeResult` / `GcResult` for the others).
+    """
+
+    def __init__(self, job: str, errors: dict[uuid.UUID, MemWalError], result: object) -> None:
+        lines = "".join(f"\n  region {r}: {e}" for r, e in sorted(errors.items()))
+        super().__init__(
+            f"{job}: {len(errors)} region(s) could not be read and were skipped (the others were "
+            f"processed); see 'Corrupt regions' in docs/operations.md:{lines}"
+        )
+        self.errors = errors
+        self.result = result
+
+
+class RepairRefusedError(MemWalError, ValueError):
+    """`repair_region` found damage it will not set aside without a stronger flag (or cannot repair)."""
 
 
 class InvalidFilterError(InvalidConfigError):

@@ -38,9 +38,10 @@ import lance
 
 from memwal_df import layout, lease, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
-from memwal_df.errors import InvalidConfigError, NotFoundError, TableNotFoundError
+from memwal_df.errors import CorruptRegionsError, InvalidConfigError, NotFoundError, TableNotFoundError
 from memwal_df.index_catchup import maintained_indexes
 from memwal_df.manifest import RegionManifestStore, next_version
+from memwal_df.repair import each_region
 from memwal_df.storage import Storage
 from memwal_df.wal import Wal
 
@@ -90,7 +91,9 @@ def gc(
     grace: timedelta = DEFAULT_GRACE,
     keep_manifest_versions: int = DEFAULT_KEEP_MANIFEST_VERSIONS,
 ) -> GcResult:
-    """Remove what no reader or writer can still need (see the module docstring)."""
+    """Remove what no reader or writer can still need (see the module docstring). A region whose
+    manifest or WAL entry cannot be decoded is left as it is; after every other region,
+    `CorruptRegionsError` (`result`: this `GcResult`) names it."""
     if grace < timedelta(0):
         raise InvalidConfigError(f"grace must not be negative, got {grace}")
     if keep_manifest_versions < 2:
@@ -98,8 +101,11 @@ def gc(
     regions = table.region_ids()
     floors = removable_generations(table, regions, grace)
     storage = table.storage
-    done = tuple(_region(storage, r, floors[r], keep_manifest_versions) for r in regions)
-    return GcResult(done, tuple(lease.remove_stale(storage, layout.WRITE_LEASE_DIR, grace)))
+    done, failed = each_region(lambda r: _region(storage, r, floors[r], keep_manifest_versions), regions)
+    result = GcResult(tuple(done), tuple(lease.remove_stale(storage, layout.WRITE_LEASE_DIR, grace)))
+    if failed:
+        raise CorruptRegionsError("gc", failed, result)
+    return result
 
 
 def removable_generations(table: Table, regions: list[uuid.UUID], grace: timedelta) -> dict[uuid.UUID, int]:

@@ -12,6 +12,9 @@
    which three-way merges anything committed since the pinned version: concurrent merge progress,
    index catch-up and configuration are kept, never lowered.
 
+A region whose manifest cannot be decoded keeps the state the previous snapshot holds for it (if
+any); after the commit, `CorruptRegionsError` names it.
+
 Two builders committing at the same time conflict: the later one raises `CommitConflictError`.
 Snapshot files of earlier builds are not deleted here; that is garbage collection's job (Lance's
 `cleanup_old_versions` also removes them once no retained version's entry names their directory).
@@ -26,13 +29,15 @@ from typing import TYPE_CHECKING
 
 from memwal_df import memwal_index, region_snapshot
 from memwal_df._proto import memwal_pb2 as pb
-from memwal_df.errors import StorageError
-from memwal_df.manifest import RegionManifestStore, next_version
+from memwal_df.errors import CorruptRegionsError, StorageError
+from memwal_df.manifest import RegionManifestStore, next_version, region_id_of
+from memwal_df.repair import each_region
 from memwal_df.storage import LocalStorage, Storage
 from memwal_df.wal import Wal
 
 if TYPE_CHECKING:
     import uuid
+    from collections.abc import Iterable
 
     from memwal_df.table import Table
 
@@ -60,11 +65,11 @@ def build_index(table: Table, inline_threshold: int = region_snapshot.INLINE_THR
     storage = table.storage
     ids = table.region_ids()
     if len(ids) <= 1 or isinstance(storage, LocalStorage):
-        states = [_region_state(storage, r) for r in ids]
+        states, failed = each_region(lambda r: _region_state(storage, r), ids)
     else:
         with ThreadPoolExecutor(_PARALLEL_REGION_READS, thread_name_prefix="memwal-index-builder") as pool:
-            states = list(pool.map(lambda r: _region_state(storage, r), ids))
-    manifests = [m for m, _ in states if m is not None]
+            states, failed = each_region(lambda r: _region_state(storage, r), ids, pool.map)
+    manifests = [m for m, _ in states if m is not None] + _previous_states(table, failed)
     data = region_snapshot.encode(manifests, table.specs)
 
     new = pb.MemWalIndexDetails()
@@ -81,7 +86,7 @@ def build_index(table: Table, inline_threshold: int = region_snapshot.INLINE_THR
     new.snapshot_ts_millis = ts
     version = memwal_index.replace_details(table.uri, new, read_version, table.storage_options or None)
     table.refresh()
-    return BuildResult(
+    result = BuildResult(
         version=version,
         snapshot_ts_millis=ts,
         regions=len(manifests),
@@ -90,6 +95,19 @@ def build_index(table: Table, inline_threshold: int = region_snapshot.INLINE_THR
         location=location,
         last_seen_advanced=sum(advanced for _, advanced in states),
     )
+    if failed:
+        raise CorruptRegionsError("build-index", failed, result)
+    return result
+
+
+def _previous_states(table: Table, regions: Iterable[uuid.UUID]) -> list[pb.ShardManifest]:
+    """The states the current snapshot holds for `regions` (whose manifests cannot be read now):
+    kept as they were, so a snapshot reader sees those regions no less than before."""
+    wanted = set(regions)
+    if not wanted:
+        return []
+    previous = region_snapshot.load(table.storage, table.details, table.specs) or []
+    return [m for m in previous if region_id_of(m) in wanted]
 
 
 def _region_state(storage: Storage, region_id: uuid.UUID) -> tuple[pb.ShardManifest | None, bool]:

@@ -17,6 +17,8 @@ import functools
 import re
 import uuid
 
+from memwal_df.errors import InvalidArgumentError
+
 MEM_WAL_DIR = "_mem_wal"
 ENTRY_LEASE_DIR = f"{MEM_WAL_DIR}/_entry_lease"  # not a region: region_ids() skips non-UUID names
 WRITE_LEASE_DIR = f"{MEM_WAL_DIR}/_write_leases"  # (neither)
@@ -46,6 +48,20 @@ def parse_bitrev64_name(name: str) -> int | None:
     """The number a bit-reversed file name stands for, or None if `name` is not one."""
     m = _BITREV_RE.fullmatch(name)
     return int(m.group(1)[::-1], 2) if m else None
+
+
+def parse_region_id(value: object, argument: str = "region_id") -> uuid.UUID:
+    """`value` (a UUID, or its text) as a region id; `InvalidArgumentError` naming `argument` if it
+    is not one."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{argument} must be a region id, a UUID (`table.region_ids()` and `memwal status` list "
+            f"them), got {value!r}"
+        ) from None
 
 
 @functools.lru_cache(maxsize=1 << 14)

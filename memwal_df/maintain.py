@@ -9,8 +9,9 @@ being written), so that GC, which keeps every generation a retained version read
 generations and their WAL files.
 
 A job that raises is logged (`CommitConflictError`, a lost race with another job or process, at
-WARNING; anything else with its traceback at ERROR) and simply runs again next round: every job is
-safe to repeat and to race (see their modules). Each round's results and errors are kept in a
+WARNING; `CorruptRegionsError`, a job done on every region but the corrupt ones it names, at ERROR
+with its result kept; anything else with its traceback at ERROR) and simply runs again next round:
+every job is safe to repeat and to race (see their modules). Each round's results and errors are kept in a
 `Round`; the newest `history` rounds are returned.
 """
 
@@ -29,7 +30,7 @@ import lance
 from lance.dataset import CleanupStats
 
 from memwal_df import gc as _gc
-from memwal_df.errors import CommitConflictError, InvalidConfigError
+from memwal_df.errors import CommitConflictError, CorruptRegionsError, InvalidConfigError
 
 if TYPE_CHECKING:
     from memwal_df.table import Table
@@ -111,6 +112,9 @@ def run_round(number: int, jobs: dict[str, Callable[[], Any]]) -> Round:
         start = time.perf_counter()
         try:
             done.results[name] = job()
+        except CorruptRegionsError as e:
+            done.results[name], done.errors[name] = e.result, e
+            log.error("round %d: %s skipped corrupt regions, retrying next round: %s", number, name, e)
         except CommitConflictError as e:
             done.errors[name] = e
             log.warning("round %d: %s lost a race, retrying next round: %s", number, name, e)

@@ -47,10 +47,12 @@ from lance.mem_wal import CompactedSsTable
 from memwal_df import entry_lease, layout, memwal_index
 from memwal_df.errors import (
     CommitConflictError,
+    CorruptRegionsError,
     InvalidConfigError,
     MissingGenerationError,
 )
 from memwal_df.manifest import RegionManifestStore
+from memwal_df.repair import each_region
 from memwal_df.storage import Storage
 
 if TYPE_CHECKING:
@@ -113,7 +115,8 @@ def merge(
     `regions`: the regions to merge (default: all); `max_generations`: at most this many generations
     per region, oldest first. Raises `InvalidConfigError` for a bad argument, `MissingGenerationError`
     when an unmerged generation listed in a region manifest is gone, `CommitConflictError` when a
-    generation keeps losing commit races."""
+    generation keeps losing commit races, and, after merging every other region,
+    `CorruptRegionsError` (`result`: this `MergeResult`) for regions whose manifest cannot be decoded."""
     if max_generations is not None and max_generations < 1:
         raise InvalidConfigError(f"max_generations must be >= 1, got {max_generations}")
     try:
@@ -123,11 +126,14 @@ def merge(
     merger = _Merger(table, max_generations)
     if parallel and len(ids) > 1:
         with ThreadPoolExecutor(min(len(ids), _PARALLEL_REGIONS), thread_name_prefix="memwal-merge") as pool:
-            done = tuple(pool.map(merger.region, ids))
+            done, failed = each_region(merger.region, ids, pool.map)
     else:
-        done = tuple(merger.region(r) for r in ids)
+        done, failed = each_region(merger.region, ids)
     table.refresh()
-    return MergeResult(done, table.dataset.version)
+    result = MergeResult(tuple(done), table.dataset.version)
+    if failed:
+        raise CorruptRegionsError("merge", failed, result)
+    return result
 
 
 def _backoff(attempt: int) -> None:

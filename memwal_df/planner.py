@@ -32,7 +32,7 @@ from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys, b
 from memwal_df.exec.keyset import KeySet
 from memwal_df.exec.union import UnionExec
 from memwal_df.region_spec import RegionSpec
-from memwal_df.snapshot import ReadSnapshot, RegionLevels
+from memwal_df.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
 
@@ -73,19 +73,18 @@ def key_type(snapshot: ReadSnapshot) -> Any:
 def prune_regions(
     snapshot: ReadSnapshot, specs: dict[int, RegionSpec], column_predicates: dict[str, list[Any]]
 ) -> list[RegionLevels]:
-    """The regions whose region values may match the predicates (all of them when nothing prunes)."""
-    if not column_predicates:
-        return list(snapshot.regions)
-    kept = []
+    """The regions whose region values may match the predicates (all of them when nothing prunes).
+    Raises the `CorruptManifestError` of an unreadable region the predicates do not prune."""
     field_ids = snapshot.schema.field_ids
-    for region in snapshot.regions:
+
+    def may_match(region: RegionLevels | UnreadableRegion) -> bool:
         spec = specs.get(region.spec_id)
-        if spec is None or region.values is None:
-            kept.append(region)
-            continue
-        if spec.prune([region.values], column_predicates, field_ids):
-            kept.append(region)
-    return kept
+        if not column_predicates or spec is None or region.values is None:
+            return True
+        return bool(spec.prune([region.values], column_predicates, field_ids))
+
+    snapshot.require_readable([r for r in snapshot.unreadable if may_match(r)])
+    return [r for r in snapshot.regions if may_match(r)]
 
 
 def plan_scan(

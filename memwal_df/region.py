@@ -52,7 +52,7 @@ from memwal_df.manifest import RegionManifestStore, new_manifest, next_version
 from memwal_df.memtable import MemTable, MemTableSnapshot
 from memwal_df.memtable_index import BackgroundIndexer
 from memwal_df.region_spec import RegionSpec
-from memwal_df.schema import TableSchema, delete_batch, iter_tables, keys_table, upsert_batch, with_tombstone
+from memwal_df.schema import TableSchema, delete_batch, upsert_chunks, with_tombstone
 from memwal_df.storage import Storage
 from memwal_df.wal import Wal, WalEntry, encode_entry, encode_fence_sentinel
 
@@ -214,7 +214,7 @@ class RegionWriter:
     def _conform_replayed(self, batch: pa.RecordBatch, position: int) -> pa.RecordBatch:
         try:
             return batch.replace_schema_metadata(None).cast(self.ctx.schema.wal)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError) as e:
             raise CorruptWalEntryError(
                 f"WAL entry {position} does not match the table schema ({e})", self._wal.path(position)
             ) from e
@@ -222,11 +222,14 @@ class RegionWriter:
     # ------------------------------------------------------------------ public API
 
     def put(self, data: Any) -> None:
-        """Upsert rows (any accepted input: pa.Table, RecordBatch, RecordBatchReader, pandas, dict, list)."""
-        for chunk in iter_tables(data, self.config.max_memtable_rows):
-            batch = upsert_batch(self.ctx.schema, chunk)
-            if batch.num_rows == 0:
+        """Upsert whole rows (any accepted input: pa.Table, RecordBatch, RecordBatchReader, pandas,
+        dict, list of row dicts; every column of the table, `memwal_df.schema`). Raises
+        `WriterClosedError` once the writer is closed."""
+        self._check_usable()
+        for rows in upsert_chunks(self.ctx.schema, data, self.config.max_memtable_rows):
+            if rows.num_rows == 0:
                 continue
+            batch = with_tombstone(self.ctx.schema, rows, False)
             self._check_region(batch)
             self._write(batch)
             self._stats["puts"] += 1
@@ -239,8 +242,10 @@ class RegionWriter:
         self._stats["deletes" if deleted else "puts"] += 1
 
     def delete(self, keys: Any) -> None:
-        """Delete rows by primary key (a table of key columns, or an array/list for one-column keys)."""
-        batch = delete_batch(self.ctx.schema, keys_table(self.ctx.schema, keys))
+        """Delete rows by primary key (a table of key columns, or an array/list for one-column keys).
+        Raises `WriterClosedError` once the writer is closed."""
+        self._check_usable()
+        batch = delete_batch(self.ctx.schema, keys)
         if batch.num_rows == 0:
             return
         self._check_region(batch, keys_only=True)

@@ -1,22 +1,26 @@
 """The table's schema as writers see it, and the conversion of user input into WAL-schema batches.
 
 Input may be a `pa.Table`, `pa.RecordBatch`, `pa.RecordBatchReader`, a pandas DataFrame, a dict of
-columns or a list of row dicts. Columns are matched by name (order is free); a missing nullable column
-is filled with NULLs; an extra column, a missing non-nullable column or a type that cannot be converted
-without loss raises `SchemaMismatchError`; a NULL in a primary-key column raises
-`NullPrimaryKeyError`. Nothing is written when an error is raised.
+columns or a list of row dicts (every row with the same keys). Columns are matched by name (order is
+free). A put replaces whole rows, so it needs every column of the table (NULL where a value is
+unknown): a missing column raises `MissingColumnsError` naming it; an extra or duplicate column, or
+a type that cannot be converted without loss (a vector of another dimension, a list of strings for
+a vector of floats) raises `SchemaMismatchError`; a NULL in a primary-key column raises
+`NullPrimaryKeyError`. Deletes and lookups need the primary-key columns only. Nothing is written when
+an error is raised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from memwal_df.errors import NullPrimaryKeyError, SchemaMismatchError
+from memwal_df.errors import MissingColumnsError, NullPrimaryKeyError, SchemaMismatchError
 from memwal_df.wal import wal_schema
 
 
@@ -46,13 +50,14 @@ def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
     """Types between which a safe cast preserves meaning (widening numbers, string/binary flavours)."""
     if src == dst:
         return True
+    if _is_list(src) and _is_list(dst):  # list flavours, if their values are compatible
+        return _compatible(src.value_type, dst.value_type)
     groups = (
         lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
         lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
         lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t),
         pa.types.is_timestamp,
         pa.types.is_date,
-        lambda t: pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t),
         pa.types.is_null,
     )
     return (
@@ -64,6 +69,10 @@ def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
     )
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
 def to_table(data: Any) -> pa.Table:
     """Any accepted input as a pa.Table (a RecordBatchReader is read whole; see `iter_tables`)."""
     if isinstance(data, pa.Table):
@@ -73,8 +82,8 @@ def to_table(data: Any) -> pa.Table:
     if isinstance(data, pa.RecordBatchReader):
         return data.read_all()
     if isinstance(data, dict | list):
-        if isinstance(data, list) and not all(isinstance(row, dict) for row in data):
-            raise SchemaMismatchError("a list of rows must hold dicts (column name -> value)")
+        if isinstance(data, list):
+            _check_rows(data)
         try:
             return pa.table(data) if isinstance(data, dict) else pa.Table.from_pylist(data)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
@@ -99,34 +108,84 @@ def iter_tables(data: Any, max_rows: int) -> Iterator[pa.Table]:
         yield table.slice(offset, max_rows)
 
 
-def conform(table: pa.Table, target: pa.Schema, what: str = "data") -> pa.Table:
-    """`table` with exactly the columns of `target`, in its order and types."""
-    if table.num_columns == 0 and table.num_rows == 0:  # an empty list of rows: nothing to write
-        return target.empty_table()
-    names, target_names = table.column_names, set(target.names)
-    extra = [n for n in names if n not in target_names]
+def _check_rows(rows: list[Any]) -> None:
+    """Every row is a dict with the keys of the first row (Arrow would fill a key a row lacks with
+    NULL and drop a key the first row lacks)."""
+    if not all(isinstance(row, dict) for row in rows):
+        raise SchemaMismatchError("a list of rows must hold dicts (column name -> value)")
+    names = rows[0].keys() if rows else set()
+    for i, row in enumerate(rows):
+        if row.keys() == names:
+            continue
+        missing, extra = sorted(names - row.keys()), sorted(row.keys() - names)
+        differences = [f"lacks the columns {missing} of row 0"] if missing else []
+        differences += [f"has the columns {extra} that row 0 lacks"] if extra else []
+        message = f"row {i} {' and '.join(differences)}: every row of a list must have the same columns"
+        if missing:
+            raise MissingColumnsError(message, tuple(missing))
+        raise SchemaMismatchError(message)
+
+
+_WHOLE_ROWS = (
+    "a put replaces whole rows, so a missing column would erase its values: "
+    "give every column (NULL where a value is unknown)"
+)
+
+
+def check_columns(names: Sequence[str], target: pa.Schema, what: str = "data", keys: bool = False) -> None:
+    """Refuse input columns `names` unless they are the columns of `target` (the table's, or its
+    key columns' if `keys`), in any order: `SchemaMismatchError` for an extra or duplicate column,
+    `MissingColumnsError` naming every column of `target` that `names` lacks."""
+    scope = "the primary key" if keys else "the table"
+    allowed = set(target.names)
+    extra = [n for n in names if n not in allowed]
     if extra:
-        raise SchemaMismatchError(f"{what} has columns that are not in the table: {extra}")
+        raise SchemaMismatchError(f"{what} has columns that are not in {scope}: {extra}")
     present = set(names)
     if len(present) != len(names):
-        raise SchemaMismatchError(f"{what} has duplicate column names: {names}")
-    columns = []
-    for f in target:
-        if f.name not in present:
-            if not f.nullable:
-                raise SchemaMismatchError(f"{what} lacks the non-nullable column {f.name!r}")
-            columns.append(pa.nulls(table.num_rows, f.type))
-            continue
-        col = table.column(f.name)
-        if col.type != f.type:
-            if not _compatible(col.type, f.type):
-                raise SchemaMismatchError(f"column {f.name!r} has type {col.type}, the table has {f.type}")
-            try:
-                col = col.cast(f.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise SchemaMismatchError(f"column {f.name!r} cannot be converted to {f.type}: {e}") from e
-        columns.append(col)
-    return pa.Table.from_arrays(columns, schema=target)
+        raise SchemaMismatchError(f"{what} has duplicate column names: {list(names)}")
+    missing = tuple(n for n in target.names if n not in present)
+    if missing:
+        hint = "give every primary-key column" if keys else _WHOLE_ROWS
+        raise MissingColumnsError(f"{what} lacks the columns of {scope} {list(missing)}: {hint}", missing)
+
+
+def conform(table: pa.Table, target: pa.Schema, what: str = "data", keys: bool = False) -> pa.Table:
+    """`table` with exactly the columns of `target`, in its order and types (`check_columns`, then
+    lossless conversions only)."""
+    if table.num_columns == 0 and table.num_rows == 0:  # an empty list of rows: nothing to write
+        return target.empty_table()
+    check_columns(table.column_names, target, what, keys)
+    return pa.Table.from_arrays([_convert(table.column(f.name), f) for f in target], schema=target)
+
+
+def _convert(col: pa.ChunkedArray, f: pa.Field) -> pa.ChunkedArray:
+    """`col` as the type of column `f`, if that loses nothing (else `SchemaMismatchError`)."""
+    if col.type == f.type:
+        return col
+    if not _compatible(col.type, f.type):
+        raise SchemaMismatchError(f"column {f.name!r} has type {col.type}, the table has {f.type}")
+    if pa.types.is_fixed_size_list(f.type) and _is_list(col.type):  # (not a column of NULLs)
+        _check_dimension(col, f)
+    try:
+        return col.cast(f.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise SchemaMismatchError(f"column {f.name!r} cannot be converted to {f.type}: {e}") from e
+
+
+def _check_dimension(col: pa.ChunkedArray, f: pa.Field) -> None:
+    """Every non-NULL list of `col` has the length of the fixed-size lists (vectors) of column `f`."""
+    want = f.type.list_size
+    if pa.types.is_fixed_size_list(col.type):
+        got = [col.type.list_size] if col.type.list_size != want else []
+    else:
+        lengths = pc.list_value_length(col)
+        got = pc.unique(pc.filter(lengths, pc.not_equal(lengths, want))).to_pylist()
+    if got:
+        raise SchemaMismatchError(
+            f"column {f.name!r} holds vectors of dimension {want}; the data has lists of "
+            f"{' / '.join(map(str, sorted(got)[:5]))} values: give {want} values per row"
+        )
 
 
 def check_keys(table: pa.Table, primary_key: tuple[str, ...]) -> None:
@@ -143,12 +202,29 @@ def check_not_null(table: pa.Table) -> None:
             raise SchemaMismatchError(f"column {f.name!r} is not nullable but has NULL values")
 
 
-def upsert_batch(ts: TableSchema, data: pa.Table) -> pa.RecordBatch:
-    """User rows as one WAL-schema batch (`_tombstone` false)."""
+def upsert_rows(ts: TableSchema, data: pa.Table) -> pa.Table:
+    """User rows to upsert, conformed to the table schema (every column given, lossless types),
+    with non-NULL keys and no NULL in a non-nullable column."""
     table = conform(data, ts.schema)
     check_keys(table, ts.primary_key)
     check_not_null(table)
-    return with_tombstone(ts, table, False)
+    return table
+
+
+def upsert_chunks(ts: TableSchema, data: Any, max_rows: int) -> Iterator[pa.Table]:
+    """The rows of one put (any accepted input) as `upsert_rows` chunks of at most `max_rows` rows.
+    A RecordBatchReader's columns are checked before its first batch is read."""
+    if isinstance(data, pa.RecordBatchReader):
+        check_columns(data.schema.names, ts.schema)
+    for chunk in iter_tables(data, max_rows):
+        yield upsert_rows(ts, chunk)
+
+
+def key_rows(ts: TableSchema, keys: Any) -> pa.Table:
+    """Delete keys (any input `keys_table` takes) conformed to the key schema, none NULL."""
+    table = conform(keys_table(ts, keys), ts.key_schema, what="delete keys", keys=True)
+    check_keys(table, ts.primary_key)
+    return table
 
 
 def tombstone_rows(ts: TableSchema, keys: pa.Table) -> pa.Table:
@@ -167,11 +243,9 @@ def tombstone_rows(ts: TableSchema, keys: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=ts.schema)
 
 
-def delete_batch(ts: TableSchema, keys: pa.Table) -> pa.RecordBatch:
-    """Tombstone rows for `keys` (the key columns; other columns are NULL)."""
-    key_table = conform(keys, ts.key_schema, what="delete keys")
-    check_keys(key_table, ts.primary_key)
-    return with_tombstone(ts, tombstone_rows(ts, key_table), True)
+def delete_batch(ts: TableSchema, keys: Any) -> pa.RecordBatch:
+    """Tombstone rows for `keys` (any input `key_rows` takes; other columns are NULL)."""
+    return with_tombstone(ts, tombstone_rows(ts, key_rows(ts, keys)), True)
 
 
 def keys_table(ts: TableSchema, keys: Any) -> pa.Table:

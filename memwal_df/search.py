@@ -131,8 +131,8 @@ class _Setup:
 
     @property
     def all_levels(self) -> list[Level]:
-        """The levels of every region, pruned or not."""
-        return [lv for r in self.snapshot.regions for lv in r.levels]
+        """The levels of every region, pruned or not (raises the error of an unreadable region)."""
+        return self.snapshot.levels
 
 
 def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
@@ -260,6 +260,7 @@ def plan_fts(
     if base.get_fragments():
         arms.append(Bm25Exec.for_base(base, fts_query, s.newer(s.all_levels)))
     searched = {id(r) for r in s.regions}
+    s.snapshot.require_readable(s.snapshot.unreadable)
     for region in s.snapshot.regions:  # pruned regions too: the statistics cover the whole table
         for i, level in enumerate(region.levels):
             newer = s.newer(region.levels[:i])

@@ -39,7 +39,7 @@ from memwal_df import layout, memwal_index, region_snapshot
 from memwal_df._pools import shared_pool
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.bloom import BloomFilter
-from memwal_df.errors import InvalidConfigError, MissingGenerationError, NotFoundError
+from memwal_df.errors import CorruptManifestError, InvalidConfigError, MissingGenerationError, NotFoundError
 from memwal_df.exec._cache import PerObjectCache
 from memwal_df.exec._keys import distinct_keys
 from memwal_df.exec.keyset import key_array
@@ -285,6 +285,18 @@ class RegionLevels:
     merged: list[Level] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class UnreadableRegion:
+    """A region whose latest manifest cannot be decoded: only queries that need it fail, with `error`.
+    `spec_id` and `values` come from an older, readable manifest version (a region's spec and values
+    never change); unknown (-1, None), the region is needed by every query."""
+
+    region_id: uuid.UUID
+    spec_id: int
+    values: tuple[Any, ...] | None
+    error: CorruptManifestError
+
+
 @dataclass
 class ReadSnapshot:
     """What one query reads.
@@ -300,10 +312,19 @@ class ReadSnapshot:
     consistency: str
     storage: Storage  # the table's: older base manifests are read through it
     lookup_keys: pa.Table | None = None
+    unreadable: list[UnreadableRegion] = field(default_factory=list)  # not in `regions`
 
     @property
     def levels(self) -> list[Level]:
+        """The levels of every region; raises the error of an unreadable region."""
+        self.require_readable(self.unreadable)
         return [lv for r in self.regions for lv in r.levels]
+
+    @staticmethod
+    def require_readable(needed: Sequence[UnreadableRegion]) -> None:
+        """Raise the `CorruptManifestError` of the first of the `needed` unreadable regions, if any."""
+        if needed:
+            raise needed[0].error
 
 
 def key_region_values(
@@ -367,8 +388,11 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     storage = table.storage
     known_manifests = _LATEST_MANIFESTS.get(table, dict)
 
-    def latest(region_id: uuid.UUID) -> pb.ShardManifest | None:
-        m = _latest_manifest(RegionManifestStore(storage, region_id), known_manifests.get(region_id))
+    def latest(region_id: uuid.UUID) -> pb.ShardManifest | CorruptManifestError | None:
+        try:
+            m = _latest_manifest(RegionManifestStore(storage, region_id), known_manifests.get(region_id))
+        except CorruptManifestError as e:
+            return e
         if m is not None:
             known_manifests[region_id] = m
         return m
@@ -378,15 +402,39 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
         manifests = [latest(r) for r in ids]
     else:
         manifests = list(shared_pool("manifest", _PARALLEL_MANIFEST_READS).map(latest, ids))
-    regions = []
+    regions, unreadable = [], []
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
+            continue
+        if isinstance(m, CorruptManifestError):
+            region = _unreadable(table, region_id, m)
+            if wanted is None:
+                unreadable.append(region)
+            elif wanted(region.spec_id, region.values):
+                raise m  # a lookup of keys this region may hold
             continue
         values = _region_values(table, region_id, m)
         if wanted is not None and not wanted(m.shard_spec_id, values):
             continue
         regions.append(_region_levels(table, region_id, m, values, merged, memtables))
-    return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys)
+    return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys, unreadable)
+
+
+def _unreadable(table: Table, region_id: uuid.UUID, error: CorruptManifestError) -> UnreadableRegion:
+    """The region whose latest manifest raised `error`, with its spec id and values as the table
+    remembers them or as its oldest readable manifest version records them (-1, None: unknown)."""
+    known = table.known_region(region_id)
+    if known is not None:
+        return UnreadableRegion(region_id, known[0], known[1], error)
+    store = RegionManifestStore(table.storage, region_id)
+    for version in store.list_versions():
+        try:
+            m = store.read(version)
+        except CorruptManifestError:
+            continue
+        if m is not None:
+            return UnreadableRegion(region_id, m.shard_spec_id, table.region_values(m), error)
+    return UnreadableRegion(region_id, -1, None, error)
 
 
 _LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
@@ -532,8 +580,9 @@ class PinnedSnapshot:
 
 
 def pin(snapshot: ReadSnapshot) -> PinnedSnapshot:
-    """`snapshot` as plain data; MemTable levels cannot be pinned (they live in one process)."""
-    if any(lv.kind != "generation" for lv in snapshot.levels):
+    """`snapshot` as plain data; MemTable levels cannot be pinned (they live in one process).
+    Unreadable regions are left out: plan the snapshot first, which raises for one the query needs."""
+    if any(lv.kind != "generation" for r in snapshot.regions for lv in r.levels):
         raise InvalidConfigError("a snapshot with MemTable levels cannot be pinned")
 
     def gens(levels: list[Level]) -> tuple[tuple[int, str], ...]:

@@ -24,8 +24,12 @@ import pyarrow as pa
 from memwal_df import gc as _gc
 from memwal_df import index_builder, index_catchup, layout, memwal_index, merger
 from memwal_df import maintain as _maintain
+from memwal_df import repair as _repair
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
+    CorruptManifestError,
+    CorruptRegionsError,
+    CorruptWalEntryError,
     NotFoundError,
     RegionRoutingError,
     SchemaMismatchError,
@@ -158,7 +162,7 @@ class Table:
         **settings: Any,
     ) -> RegionWriter:
         """Claim region `region_id` (creating it if needed) and return its writer."""
-        region_id = uuid.UUID(str(region_id))
+        region_id = layout.parse_region_id(region_id)
         m = RegionManifestStore(self.storage, region_id).latest()
         values = self.region_values(m) if m is not None else None
         entries = {e.field_id: e.value for e in m.shard_field_entries} if m is not None and values else {}
@@ -179,18 +183,39 @@ class Table:
         This is what a restarted writer does for the regions it writes to; `recover` does it for all
         of them, so durable writes of a crashed writer become visible to readers of flushed levels.
         Returns the recovered regions. Claiming fences any writer still active on those regions.
+        A region whose manifest or WAL entry cannot be decoded is skipped and the others recovered;
+        `CorruptRegionsError` then lists each skipped region and file (`result`: the recovered ids).
         """
-        recovered = []
+        recovered, failed = [], {}
         for region_id in self.region_ids():
-            m = RegionManifestStore(self.storage, region_id).latest()
-            if m is None or not Wal(self.storage, region_id).has_data_after(
-                m.replay_after_wal_entry_position
-            ):
-                continue
-            with self.region_writer(region_id):
-                pass
-            recovered.append(region_id)
+            try:
+                if self._recover_region(region_id):
+                    recovered.append(region_id)
+            except (CorruptManifestError, CorruptWalEntryError) as e:
+                failed[region_id] = e
+        if failed:
+            raise CorruptRegionsError("recover", failed, recovered)
         return recovered
+
+    def _recover_region(self, region_id: uuid.UUID) -> bool:
+        """Replay and flush the region if its WAL holds rows no generation covers; whether it did."""
+        m = RegionManifestStore(self.storage, region_id).latest()
+        if m is None or not Wal(self.storage, region_id).has_data_after(m.replay_after_wal_entry_position):
+            return False
+        with self.region_writer(region_id):
+            pass
+        return True
+
+    def repair_region(
+        self, region_id: uuid.UUID | str, *, apply: bool = False, discard_later: bool = False
+    ) -> _repair.RepairPlan:
+        """Plan, and with `apply=True` perform, setting the region's corrupt WAL entries aside (moved
+        to a quarantine directory under the region) so the region can be claimed and replayed again;
+        `plan.describe()` says what is lost. A corrupt entry followed by valid ones is refused with
+        `RepairRefusedError` unless `discard_later`. See `memwal_df.repair`."""
+        return _repair.repair_region(
+            self.storage, uuid.UUID(str(region_id)), apply=apply, discard_later=discard_later
+        )
 
     def build_index(self) -> index_builder.BuildResult:
         """Run the MemWAL index builder: snapshot every region's state into the MemWAL index (for
@@ -265,10 +290,27 @@ class Table:
             merged_generation=merged,
         )
 
-    def status(self) -> dict[str, Any]:
-        """Regions, epochs, generations and merge progress, as plain data."""
+    def status(self, *, check_wal: bool = True) -> dict[str, Any]:
+        """Regions, epochs, generations and merge progress, as plain data. `corrupt_regions` lists
+        each region whose latest manifest or (with `check_wal`) unreplayed WAL entry cannot be decoded
+        (its file and the error); a region with a corrupt manifest is missing from `regions`.
+        `check_wal` reads every WAL entry a claiming writer would replay (up to a MemTable's worth per
+        region); without it only manifests are read."""
         self.refresh()
-        regions = [s for r in self.region_ids() if (s := self.region_status(r)) is not None]
+        regions, corrupt = [], []
+        for region_id in self.region_ids():
+            try:
+                s = self.region_status(region_id)
+            except CorruptManifestError as e:
+                corrupt.append(_repair.manifest_problem(region_id, e))
+                continue
+            if s is None:
+                continue
+            regions.append(s)
+            if check_wal and (
+                problem := _repair.wal_problem(self.storage, region_id, s.replay_after_wal_entry_position)
+            ):
+                corrupt.append(problem)
         return {
             "uri": self.uri,
             "base_version": self.dataset.version,
@@ -279,6 +321,7 @@ class Table:
                 "all" if self.details.maintain_all_indexes else list(self.details.maintained_indexes)
             ),
             "regions": regions,
+            "corrupt_regions": corrupt,
         }
 
     # ------------------------------------------------------------------ helpers

@@ -5,9 +5,13 @@ writer of its region, which is claimed on first use (a new region is created for
 region id derived from the values, so concurrent writers of the same value meet in the same region and
 fence each other instead of splitting a key across two regions).
 
-Guarantees: input is validated as a whole (schema, NULL keys, routability) before any region receives
-a row; a write spanning several regions is applied region by region (regions are independent, there is
-no cross-region atomicity); `close()` flushes and closes every region writer, reporting the first error.
+Guarantees: each chunk of a write (up to `max_memtable_rows` rows; a RecordBatchReader's batches) is
+validated as a whole (schema: every column of the table for a put; NULL keys; routability) before any
+region receives a row of it, and a put lacking a column writes nothing; a write spanning several
+regions is applied region by region (regions are independent, there is no cross-region atomicity), so
+a region whose manifest or WAL entry cannot be decoded refuses only its own rows; `close()` flushes
+and closes every region writer, reporting the first error, and every later put, delete or flush raises
+`WriterClosedError`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.errors import RegionRoutingError
+from memwal_df.errors import (
+    CorruptManifestError,
+    CorruptWalEntryError,
+    MemWalError,
+    RegionRoutingError,
+    WriterClosedError,
+)
 from memwal_df.region import RegionWriter, WriterConfig
 from memwal_df.region_spec import RegionSpec
-from memwal_df.schema import check_keys, check_not_null, conform, iter_tables, keys_table, tombstone_rows
+from memwal_df.schema import key_rows, tombstone_rows, upsert_chunks
 
 if TYPE_CHECKING:
     from memwal_df.table import Table
@@ -51,43 +61,69 @@ class TableWriter:
         self._closed = False
 
     def put(self, data: Any) -> None:
-        """Upsert rows, routed to their regions."""
-        ts = self.table.schema
-        for chunk in iter_tables(data, self.config.max_memtable_rows):
-            table = conform(chunk, ts.schema)
-            check_keys(table, ts.primary_key)
-            check_not_null(table)
-            if table.num_rows == 0:
-                continue
-            self._write_parts(self._route(table), deleted=False)
+        """Upsert whole rows (every column of the table, `memwal_df.schema`), routed to their regions.
+
+        Rows of a region whose manifest or WAL entry cannot be decoded are refused: the rows of the
+        other regions are written, then that region's `CorruptWalEntryError` / `CorruptManifestError`
+        (naming the file) is raised, with a note per further refused region. Input longer than
+        `max_memtable_rows` is written in chunks of that many rows; chunks after the one that raised
+        are not written. `delete` does the same."""
+        self._check_open()
+        for table in upsert_chunks(self.table.schema, data, self.config.max_memtable_rows):
+            if table.num_rows:
+                self._write_parts(self._route(table), deleted=False)
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key; the region spec must depend on key columns only."""
+        self._check_open()
         ts = self.table.schema
         if not self.spec.reads_only(ts.field_ids[c] for c in ts.primary_key):
             raise RegionRoutingError(
                 "the region spec reads non-key columns, so a key alone cannot be routed: "
                 "delete through table.region_writer(region_id)"
             )
-        table = conform(keys_table(ts, keys), ts.key_schema, what="delete keys")
-        check_keys(table, ts.primary_key)
+        table = key_rows(ts, keys)
         if table.num_rows:
             self._write_parts(self._route(tombstone_rows(ts, table)), deleted=True)
 
     def flush(self) -> None:
         """Seal and flush every region's MemTable into a generation (regions in parallel)."""
+        self._check_open()
         self._run([(w.flush, ()) for w in self.writers.values()])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WriterClosedError("the table writer is closed: open a new one with table.writer()")
 
     def _write_parts(self, parts: list[tuple[tuple[Any, ...], pa.Table]], deleted: bool) -> None:
         """Hand each region its rows. Durable regions write (and fsync) concurrently; non-durable
         writes only buffer, which is faster in this thread than handed to others."""
-        writers = [self._writer(values) for values, _ in parts]
-        calls = [(w._put_routed, (rows, deleted)) for w, (_, rows) in zip(writers, parts, strict=True)]
+        writers, unavailable = self._open([values for values, _ in parts])
+        calls = [
+            (w._put_routed, (rows, deleted))
+            for w, (_, rows) in zip(writers, parts, strict=True)
+            if w is not None
+        ]
         if self.config.durable_write:
             self._run(calls)
         else:
             for fn, args in calls:
                 fn(*args)
+        if unavailable:
+            raise _refused(unavailable, deleted)
+
+    def _open(self, values: list[tuple[Any, ...]]) -> tuple[list[RegionWriter | None], list[MemWalError]]:
+        """The writer of each region (None where the region's manifest or WAL entry cannot be
+        decoded, so it cannot be claimed) and those regions' errors."""
+        writers: list[RegionWriter | None] = []
+        errors: list[MemWalError] = []
+        for v in values:
+            try:
+                writers.append(self._writer(v))
+            except (CorruptManifestError, CorruptWalEntryError) as e:
+                writers.append(None)
+                errors.append(e)
+        return writers, errors
 
     def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
         """Run the calls (one per region) concurrently, the first in this thread; raise the first
@@ -106,10 +142,10 @@ class TableWriter:
             raise errors[0]
 
     def close(self) -> None:
-        """Flush and close every region writer; raises the first error after closing all of them."""
-        if self._closed:
+        """Flush and close every region writer; raises the first error after closing all of them.
+        Closing twice is a no-op."""
+        if not self._mark_closed():
             return
-        self._closed = True
         try:
             self._run([(w.close, ()) for w in self.writers.values()])
         finally:
@@ -117,10 +153,17 @@ class TableWriter:
 
     def abort(self) -> None:
         """Stop every region writer without flushing (as a crash would)."""
-        self._closed = True
+        self._mark_closed()
         for w in self.writers.values():
             w.abort()
         self._shutdown_pool()
+
+    def _mark_closed(self) -> bool:
+        """Close the writer to every later call, so that no region writer opens any more (`writers`
+        stays as it is); whether it was open."""
+        with self._lock:
+            was_open, self._closed = not self._closed, True
+            return was_open
 
     def _region_pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -147,6 +190,7 @@ class TableWriter:
         w = self._by_values.get(values)
         if w is None:
             with self._lock:  # one writer per region: a second claim would fence the first
+                self._check_open()  # (close() may have run since put() checked)
                 w = self._by_values.get(values)
                 if w is None:
                     w = self.table.routed_writer(values, self.config)
@@ -155,6 +199,19 @@ class TableWriter:
 
     def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
         return group_by_region(self.spec, self.table.schema.field_ids, table)
+
+
+def _refused(errors: list[MemWalError], deleted: bool) -> MemWalError:
+    """The first error of the regions that refused rows, noting the others and what was written."""
+    first = errors[0]
+    for e in errors[1:]:
+        first.add_note(f"also refused: {e}")
+    what = "deletes" if deleted else "rows"
+    first.add_note(
+        f"the {what} of the {len(errors)} region(s) named here were not written; those of every other "
+        "region were (see 'Corrupt regions' in docs/operations.md)"
+    )
+    return first
 
 
 def group_by_region(

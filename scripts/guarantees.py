@@ -39,18 +39,32 @@ GUARANTEES = {
     ),
     "nothing corrupt is read": (
         "A torn WAL entry or manifest (a store that breaks atomicity) raises `CorruptWalEntryError` / "
-        "`CorruptManifestError` naming the file at the next write, claim and recovery; it is never "
-        "skipped. A torn or vanishing `version_hint.json` is harmless: readers and writers probe past it."
+        "`CorruptManifestError` naming the file at the next write, claim and recovery (`recover`: inside "
+        "`CorruptRegionsError`); it is never skipped, and `repair_region` sets a torn trailing WAL entry "
+        "aside. A torn or vanishing `version_hint.json` is harmless: readers and writers probe past it."
     ),
     "bad input never corrupts a table; nothing corrupt is read": (
-        "Wrongly typed, misnamed, lossy or NULL keys and values are typed errors before any region "
-        "receives a row; duplicate keys in one batch resolve to the last row through flush and merge (the "
-        "base keeps one row per key); every primary-key type Lance 14 accepts round-trips through put, "
-        "delete, crash + replay, flush, merge and the SQL reader; a corrupt WAL entry or manifest makes "
-        "every entry point fail with the typed error naming the file (claim, recover, routed write; for "
-        "a manifest also status, merge, GC, index build, and SQL through DataFusion's wrapper); foreign "
-        "files in the table directory are ignored and kept; a put of hundreds of MB is written with a "
-        "working set that does not grow with the batch."
+        "Wrongly typed, misnamed, lossy or NULL keys and values, puts lacking a column (a put replaces "
+        "whole rows) and vectors of another dimension are typed errors naming the column before any "
+        "region receives a row (not even its WAL); duplicate keys in one batch resolve to the last row "
+        "through flush and merge (the base keeps one row per key); every primary-key type Lance 14 "
+        "accepts round-trips through put, delete, crash + replay, flush, merge and the SQL reader; a "
+        "corrupt WAL entry or manifest makes every entry point fail with the typed error naming the file "
+        "(claim, recover, routed write; for a manifest also merge, GC, index build, and SQL through "
+        "DataFusion's wrapper; jobs over many regions raise it inside `CorruptRegionsError` after the "
+        "healthy regions) and `status` lists it; foreign files in the table directory are ignored and "
+        "kept; a put of hundreds of MB is written with a working set that does not grow with the batch."
+    ),
+    "a corrupt region stays one region's problem": (
+        "A region with a corrupt WAL entry or manifest fails only what needs it: `recover`, merge, GC and "
+        "the index build finish every healthy region and then raise `CorruptRegionsError` naming each "
+        "skipped region and file (the maintain loop keeps running); a routed write stores the rows of "
+        "healthy regions and refuses the corrupt region's; `status` lists the file and error; a query "
+        "whose lookup keys or filter rule the region out runs, any other raises the typed error. "
+        "`repair_region` changes nothing until confirmed, then sets a corrupt trailing WAL entry aside "
+        "into the region's quarantine directory behind a new epoch's fence sentinel (a corrupt entry "
+        "followed by valid ones only with `discard_later`), after which memwal_df and Lance claim and "
+        "replay the region again."
     ),
     "fencing: one writer per epoch": (
         "Claimers racing for one region (processes, and threads on a slow store) each get their own "
@@ -73,6 +87,9 @@ PROOF = {
     "test_crash_jobs.py": "merger / GC / index builder crash points; writer + job loop SIGKILLed at random",
     "test_faults.py": "tests/faulty_storage.py over the real local / S3 storage; moto restart",
     "test_bad_input.py": "bad input, key types, corrupt files, foreign files, huge batches",
+    "test_corrupt_regions.py": (
+        "a corrupt region among healthy ones: recover, writes, status, jobs, queries, repair"
+    ),
     "test_load.py": "4 writer processes + job process + reader",
 }
 

@@ -4,11 +4,14 @@ schema checks and `test_wal.py` / `test_manifest.py`'s decoders):
 * null and duplicate keys in one batch, wrong schemas on the routed and the region writer, deletes
   with wrong keys: rejected with typed errors before any region receives a row, or resolved exactly
   (the last row of a key wins, through flush and merge: the base keeps unique keys);
+* puts lacking a column (every input kind), vectors of another dimension, lists of strings for
+  vectors, malformed region ids: typed errors naming the column or argument, nothing written;
 * keys of every Arrow type Lance 14 accepts as a primary key, with their edge values, through put,
   delete, crash + replay, flush, merge and the SQL reader;
-* corrupt or truncated WAL entries and manifests: every entry point (claim, recover, status, the SQL
-  reader, merge, GC, index build) raises `CorruptWalEntryError` / `CorruptManifestError` naming the
-  file, never skips it;
+* corrupt or truncated WAL entries and manifests: every entry point (claim, recover, the SQL reader,
+  merge, GC, index build) raises `CorruptWalEntryError` / `CorruptManifestError` naming the file
+  (jobs over many regions: inside `CorruptRegionsError`, after the healthy regions), `status` lists
+  it; nothing corrupt is ever skipped silently (`test_corrupt_regions.py`);
 * a table directory with foreign files: ignored by readers, writers and jobs, and never deleted;
 * a huge batch (slow: hundreds of MB) is written in bounded memory, measured in a child process.
 """
@@ -35,6 +38,7 @@ from wal_oracle import apply_rows
 
 import memwal_df as mw
 from memwal_df import errors, layout
+from memwal_df.wal import Wal, encode_entry, wal_schema
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
 GUARANTEE = "bad input never corrupts a table; nothing corrupt is read"
@@ -167,6 +171,171 @@ def test_bad_deletes_are_typed_errors(tmp_path, keys, error):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Whole rows only: a put lacking a column, vectors of another dimension, malformed region ids
+# ---------------------------------------------------------------------------------------------------
+
+DIM = 3
+VEC_TYPE = pa.list_(pa.float32(), DIM)
+
+
+def vec_table(uri: str, options: dict[str, str] | None, spec: bool) -> mw.Table:
+    """A table with a nullable vector column, three base rows, bucketed by `id` if `spec`."""
+    base = pa.table(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "v": ["b1", "b2", "b3"],
+            "vec": pa.array([[k, 0.5, -1.0] for k in (1, 2, 3)], VEC_TYPE),
+        }
+    )
+    return mw.create_table(
+        uri, base, "id", region_spec=mw.bucket("id", 4) if spec else None, storage_options=options
+    )
+
+
+VEC_BASE = {k: {"id": k, "v": f"b{k}", "vec": [float(k), 0.5, -1.0]} for k in (1, 2, 3)}
+PARTIAL = pa.table({"id": pa.array([2, 5, 6, 7, 8], pa.int64()), "v": ["x", "y", "z", "w", "u"]})
+PARTIAL_INPUTS = {
+    "table": lambda: PARTIAL,
+    "record_batch": lambda: PARTIAL.to_batches()[0],
+    "reader": lambda: pa.RecordBatchReader.from_batches(PARTIAL.schema, PARTIAL.to_batches(max_chunksize=2)),
+    "pandas": lambda: PARTIAL.to_pandas(),
+    "dict": lambda: PARTIAL.to_pydict(),
+    "rows": lambda: PARTIAL.to_pylist(),
+}
+
+
+def open_writer(table: mw.Table, kind: str) -> Any:
+    """The routed writer (`routed`) or a region writer of a table without a spec (`region`)."""
+    return table.writer() if kind == "routed" else table.region_writer(uuid.uuid4())
+
+
+def recovered_rows(table: mw.Table, w: Any) -> dict[Any, dict[str, Any]]:
+    """The table's rows after `w` crashed (aborted) and its regions were recovered: whatever reached
+    the WAL is in them."""
+    w.abort()
+    table.recover()
+    return stored_rows(table)
+
+
+@pytest.mark.parametrize("writer", ["routed", "region"])
+@pytest.mark.parametrize("kind", list(PARTIAL_INPUTS))
+def test_a_put_lacking_a_column_is_refused_and_writes_nothing(
+    request, table_uri, table_storage_options, writer, kind
+):
+    """A put replaces whole rows, so data without the (nullable) vector column would erase the vectors
+    of the keys it names: it is refused with `MissingColumnsError` naming the column, for every input
+    kind (a RecordBatchReader before its first batch is read) and both writers, and no region
+    receives a row, not even in its WAL."""
+    table = vec_table(table_uri, table_storage_options, spec=writer == "routed")
+    w = open_writer(table, writer)
+    data = PARTIAL_INPUTS[kind]()
+    with pytest.raises(errors.MissingColumnsError, match=r"lacks the columns of the table \['vec'\]") as e:
+        w.put(data)
+    assert e.value.columns == ("vec",) and isinstance(e.value, errors.SchemaMismatchError)
+    if kind == "reader":
+        assert data.read_all().num_rows == PARTIAL.num_rows  # not a batch was consumed
+    assert recovered_rows(table, w) == VEC_BASE
+    record(GUARANTEE, case_name(request), refused_puts=1, rows_checked=len(VEC_BASE))
+
+
+def test_a_put_with_explicit_nulls_clears_a_column(tmp_path):
+    """The way to clear a column: give it, with NULLs."""
+    table = vec_table(str(tmp_path / "t"), None, spec=True)
+    with table.writer() as w:
+        w.put(PARTIAL.append_column("vec", pa.nulls(PARTIAL.num_rows, VEC_TYPE)))
+        w.delete(PARTIAL.select(["id"]).slice(4))  # deletes need the key columns only
+    want = {**VEC_BASE, **{r["id"]: {**r, "vec": None} for r in PARTIAL.slice(0, 4).to_pylist()}}
+    assert stored_rows(table) == want == sql_rows(table.uri, None)
+
+
+def test_spark_writes_check_columns_as_the_table_writer(tmp_path):
+    """The Spark write paths use the table writer's checks (no Spark session needed here): the
+    driver's check of a DataFrame's columns and a task's staging of unrouted rows refuse data
+    lacking a column, naming it, and stage nothing."""
+    pytest.importorskip("pyspark")
+    from memwal_df.spark.routing import check_routable
+    from memwal_df.spark.staging import RegionStage, stage_batches
+
+    table = vec_table(str(tmp_path / "t"), None, spec=True)
+    with pytest.raises(errors.MissingColumnsError, match=r"\['vec'\]"):
+        check_routable(table, PARTIAL.column_names, keys_only=False)
+    with pytest.raises(errors.MissingColumnsError, match=r"\['id'\]"):
+        check_routable(table, [], keys_only=True)
+    with pytest.raises(errors.SchemaMismatchError, match=r"not in the primary key: \['v'\]"):
+        check_routable(table, ["id", "v"], keys_only=True)
+    check_routable(table, ["vec", "id", "v"], keys_only=False)
+    with RegionStage(table.schema.schema, 1 << 20) as stage:
+        with pytest.raises(errors.MissingColumnsError, match=r"\['vec'\]"):
+            stage_batches(table, PARTIAL.to_batches(), "upsert", stage)
+        assert stage.regions == []
+
+
+@pytest.mark.parametrize("writer", ["routed", "region"])
+@pytest.mark.parametrize(
+    "vec, given",
+    [
+        (pa.array([[1, 2]] * 5, pa.list_(pa.float32(), 2)), "2"),  # a fixed-size list of another size
+        (pa.array([[1, 2, 3, 4]] * 5, pa.list_(pa.float32())), "4"),
+        (pa.array([[1, 2, 3]] * 4 + [[1, 2, 3, 4, 5]], pa.list_(pa.float64())), "5"),  # one ragged row
+        (pa.array([[1, 2], None, [1, 2, 3], [1], [1, 2, 3]], pa.large_list(pa.float32())), "1 / 2"),
+    ],
+    ids=["fixed-2", "list-4", "ragged-5", "ragged-1-2"],
+)
+def test_vectors_of_another_dimension_are_refused_naming_both(tmp_path, writer, vec, given):
+    """A vector column given lists of another length (or of mixed lengths) is refused with
+    `SchemaMismatchError` naming the column, the table's dimension and the given one(s)."""
+    table = vec_table(str(tmp_path / "t"), None, spec=writer == "routed")
+    w = open_writer(table, writer)
+    with pytest.raises(
+        errors.SchemaMismatchError,
+        match=rf"column 'vec' holds vectors of dimension {DIM}; the data has lists of {given} values",
+    ):
+        w.put(PARTIAL.append_column("vec", vec))
+    assert recovered_rows(table, w) == VEC_BASE
+
+
+def test_a_wal_entry_with_vectors_of_another_dimension_is_corrupt(tmp_path):
+    """A WAL entry (written by another program) whose vectors have another dimension than the
+    table's is a `CorruptWalEntryError` naming the file when a writer claims the region."""
+    table = vec_table(str(tmp_path / "t"), None, spec=False)
+    region = uuid.uuid4()
+    table.region_writer(region).close()
+    other = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), ("v", pa.string()), ("vec", pa.list_(pa.float32(), 2))]
+    )
+    rows = pa.RecordBatch.from_pydict(
+        {"id": [9], "v": ["x"], "vec": [[1.0, 2.0]], "_tombstone": [False]},
+        schema=wal_schema(other, table.schema.field_ids),
+    )
+    m = table.region_status(region)
+    position = m.wal_entry_position_last_seen + 1
+    Wal(table.storage, region).append(position, encode_entry([rows], m.writer_epoch, m.current_generation))
+    with pytest.raises(errors.CorruptWalEntryError, match="does not match the table schema") as e:
+        table.region_writer(region)
+    assert e.value.path == layout.wal_path(region, position)
+
+
+@pytest.mark.parametrize("writer", ["routed", "region"])
+def test_lists_of_strings_are_no_vectors(tmp_path, writer):
+    """List columns convert only if their values do: strings that look like numbers are refused."""
+    table = vec_table(str(tmp_path / "t"), None, spec=writer == "routed")
+    w = open_writer(table, writer)
+    with pytest.raises(errors.SchemaMismatchError, match="column 'vec' has type list<item: string>"):
+        w.put(PARTIAL.append_column("vec", pa.array([["1", "2", "3"]] * PARTIAL.num_rows)))
+    assert recovered_rows(table, w) == VEC_BASE
+
+
+@pytest.mark.parametrize("region_id", ["not-a-uuid", "", 42, None])
+def test_a_malformed_region_id_is_a_typed_error_naming_the_argument(tmp_path, region_id):
+    table = vec_table(str(tmp_path / "t"), None, spec=False)
+    with pytest.raises(
+        errors.InvalidArgumentError, match=rf"^region_id must be a region id.*got {region_id!r}$"
+    ):
+        table.region_writer(region_id)
+    assert table.region_ids() == []
+
+
+# ---------------------------------------------------------------------------------------------------
 # Every primary key type Lance 14 accepts
 # ---------------------------------------------------------------------------------------------------
 
@@ -288,17 +457,15 @@ def test_corrupt_files_raise_typed_errors_naming_them(request, tmp_path, kind, c
         "routed write": lambda: _routed_write(table, rid),
     }
     if what == "manifest":
-        entry_points |= {
-            "status": table.status,
-            "merge": table.merge,
-            "gc": table.gc,
-            "index build": table.build_index,
-        }
+        entry_points |= {"merge": table.merge, "gc": table.gc, "index build": table.build_index}
     for name, call in entry_points.items():
-        with pytest.raises(expected) as e:
+        with pytest.raises((expected, errors.CorruptRegionsError)) as e:
             call()
-        assert e.value.path == path, f"{name}: {e.value}"
+        error = e.value.errors[rid] if isinstance(e.value, errors.CorruptRegionsError) else e.value
+        assert isinstance(error, expected) and error.path == path, f"{name}: {e.value}"
         assert path in str(e.value)
+    (problem,) = table.status()["corrupt_regions"]  # status reports the file instead of raising
+    assert (problem.region_id, problem.path) == (rid, path)
     if what == "manifest":  # DataFusion wraps what a table provider raises: the message names both
         with pytest.raises(Exception, match=f"{expected.__name__}.*{path}"):
             sql_rows(uri, options)
@@ -306,7 +473,7 @@ def test_corrupt_files_raise_typed_errors_naming_them(request, tmp_path, kind, c
         GUARANTEE,
         case_name(request),
         corrupt_files=1,
-        entry_points_checked=len(entry_points) + (what == "manifest"),
+        entry_points_checked=len(entry_points) + 1 + (what == "manifest"),
     )
 
 

@@ -66,7 +66,8 @@ def rows(ids: range, tag: str, with_vec: bool = True) -> list[dict]:
 
 
 def write_inputs(d: Path) -> tuple[list[Path], dict[int, dict]]:
-    """One file per format with overlapping keys, and the model after ingesting them in order."""
+    """One file per format with overlapping keys, and the model after ingesting the first three in
+    order (the CSV file, last, lacks the vector column, which CSV cannot hold)."""
     d.mkdir(parents=True, exist_ok=True)
     vec_type = pa.list_(pa.float32(), 3)
     schema = pa.schema(
@@ -81,8 +82,8 @@ def write_inputs(d: Path) -> tuple[list[Path], dict[int, dict]]:
     files[2].write_text("\n".join(json.dumps(r) for r in parts[2]) + "\n")
     pcsv.write_csv(pa.Table.from_pylist(csv_rows), files[3])
     model: dict[int, dict] = {}
-    for r in [*parts[0], *parts[1], *parts[2], *csv_rows]:
-        model[r["id"]] = {"vec": None, **r}
+    for r in [*parts[0], *parts[1], *parts[2]]:
+        model[r["id"]] = r
     return files, model
 
 
@@ -98,8 +99,12 @@ def test_every_command_on_a_table(capsys, tmp_path, table_uri, table_storage_opt
     created = cli_json(capsys, "create", uri, *opts, "--schema", SCHEMA, "-k", "id", "--spec", "bucket(id,4)")
     assert created["region_spec"] == "bucket[4](id)" and created["base_rows"] == 0
 
-    ingested = cli_json(capsys, "ingest", uri, *opts, *map(str, files), "--batch-size", "16", "--no-progress")
-    assert ingested["rows"] == 60 + 50 + 40 + 30 and len(ingested["regions"]) == 4
+    ingested = cli_json(
+        capsys, "ingest", uri, *opts, *map(str, files[:3]), "--batch-size", "16", "--no-progress"
+    )
+    assert ingested["rows"] == 60 + 50 + 40 and len(ingested["regions"]) == 4
+    code, out, err = cli(capsys, "ingest", uri, *opts, str(files[3]))  # no vectors: would erase them
+    assert (code, out) == (Exit.USAGE, "") and "MissingColumnsError" in err and "['vec']" in err
     keys = tmp_path / "in" / "keys.parquet"
     pq.write_table(pa.table({"id": pa.array([5, 45, 500], pa.int64()), "other": ["x", "y", "z"]}), keys)
     cli_json(capsys, "delete", uri, *opts, str(keys))
@@ -376,6 +381,38 @@ def test_rebatch_keeps_rows_and_order(sizes, rows_per_batch):
     assert [v for b in out for v in b.column(0).to_pylist()] == list(range(sum(sizes)))
     assert all(b.num_rows == rows_per_batch for b in out[:-1])
     assert not out or 0 < out[-1].num_rows <= rows_per_batch
+
+
+def write_rows(path: Path, data: pa.Table) -> None:
+    """`data` as a CSV, JSON lines or Parquet file, by the extension of `path`."""
+    if path.suffix == ".csv":
+        pcsv.write_csv(data, path)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in data.to_pylist()))
+    else:
+        pq.write_table(data, path)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+@pytest.mark.parametrize("region", [False, True], ids=["routed", "region"])
+def test_ingest_of_a_file_lacking_a_column_is_refused_and_writes_nothing(capsys, tmp_path, fmt, region):
+    """A file without some columns of the table (here `score`, and the vectors) would erase them in
+    the rows it names: `memwal ingest` exits with the usage code, naming the missing columns, and the
+    table is unchanged, its WALs included."""
+    uri = str(tmp_path / "t")
+    spec = [] if region else ["--spec", "bucket(id,2)"]
+    cli_json(capsys, "create", uri, "--schema", SCHEMA, "-k", "id", *spec)
+    path = tmp_path / f"in.{fmt}"
+    write_rows(path, pa.Table.from_pylist(rows(range(30), fmt, with_vec=False)).drop_columns(["score"]))
+    target = ["--region", "6b1f3a52-0d3e-4c1a-9a43-5f0e2b7c8d11"] if region else []
+    code, out, err = cli(capsys, "ingest", uri, str(path), *target, "--batch-size", "7")
+    assert (code, out) == (Exit.USAGE, "")
+    assert err.startswith(
+        "memwal ingest: error: MissingColumnsError: data lacks the columns of the table ['score', 'vec']"
+    )
+    table = mw.open_table(uri)
+    table.recover()
+    assert stored_rows(table) == {}
 
 
 def test_ingest_into_a_region_of_a_table_without_spec(capsys, tmp_path):

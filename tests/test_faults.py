@@ -5,8 +5,8 @@ is read, and every error is typed.
   requests) under a writer that writes, flushes, crashes (`abort`) and reclaims; the table must end
   in a state reachable from the acknowledged writes plus any subset of the writes that raised;
 * torn objects (a store that breaks atomicity): a torn WAL entry or manifest raises
-  `CorruptWalEntryError` / `CorruptManifestError` naming the file, never skipped; a torn version hint
-  is harmless;
+  `CorruptWalEntryError` / `CorruptManifestError` naming the file, never skipped, and the operator's
+  `repair_region` sets a torn trailing WAL entry aside; a torn version hint is harmless;
 * `version_hint.json` deleted again and again while a writer flushes and readers read;
 * four claimers racing for one region on a slow store;
 * the moto S3 server killed mid-run and restarted on the same port with its state (moto's request
@@ -52,6 +52,7 @@ import memwal_df as mw
 from memwal_df import layout
 from memwal_df.errors import (
     CorruptManifestError,
+    CorruptRegionsError,
     CorruptWalEntryError,
     MemWalError,
     StorageError,
@@ -368,10 +369,19 @@ def test_torn_wal_entry_is_never_skipped(request, tmp_path, kind):
         apply_op(rw, {"op": "put", "rows": [{"id": 3, "v": "c"}]})
     assert e.value.path == torn and torn in str(e.value)
     rw.abort()
-    for attempt in (lambda: table.region_writer(rid), table.recover):
-        with pytest.raises(CorruptWalEntryError) as e:
-            attempt()
-        assert e.value.path == torn
+    with pytest.raises(CorruptWalEntryError) as e:
+        table.region_writer(rid)
+    assert e.value.path == torn
+    with pytest.raises(CorruptRegionsError) as e:
+        table.recover()
+    assert e.value.errors[rid].path == torn and e.value.result == []
+    # The operator's repair sets the torn (never acknowledged) entry aside; the acknowledged one stays.
+    plan = table.repair_region(rid, apply=True)
+    assert [x.path for x in plan.entries] == [torn] and plan.applied
+    assert table.recover() == [rid]
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", mw.MemWalTable(uri, storage_options=options))
+    assert ctx.sql("SELECT id, v FROM t WHERE id <= 3").to_arrow_table().to_pylist() == [{"id": 1, "v": "a"}]
     record(CORRUPT, case_name(request), faults_injected=1)
 
 

@@ -1,5 +1,6 @@
-"""Input conforming: column matching and filling, safe and lossy casts, NULL keys, tombstone batches,
-every accepted input kind, and chunking (RecordBatchReaders are streamed)."""
+"""Input conforming: column matching (a put needs every column), safe and lossy casts, vector
+dimensions, NULL keys, tombstone batches, every accepted input kind, and chunking (RecordBatchReaders
+are streamed)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memwal_df.errors import NullPrimaryKeyError, SchemaMismatchError
+from memwal_df.errors import MissingColumnsError, NullPrimaryKeyError, SchemaMismatchError
 from memwal_df.region_spec import lance_field_ids
 from memwal_df.schema import (
     TableSchema,
@@ -22,7 +23,9 @@ from memwal_df.schema import (
     iter_tables,
     keys_table,
     to_table,
-    upsert_batch,
+    upsert_chunks,
+    upsert_rows,
+    with_tombstone,
 )
 from memwal_df.wal import TOMBSTONE, wal_schema
 
@@ -42,7 +45,6 @@ SCHEMA = pa.schema(
     ]
 )
 TS = TableSchema(SCHEMA, ("id",), lance_field_ids(SCHEMA))
-NULLABLE = [f.name for f in SCHEMA if f.nullable]
 
 # a table with a non-nullable value column (tables opened from Lance may have one)
 NN_SCHEMA = pa.schema(
@@ -88,6 +90,17 @@ def one_column(src: pa.Array, dst: pa.DataType, nullable: bool = True) -> tuple[
     return pa.table({"x": src}), pa.schema([pa.field("x", dst, nullable=nullable)])
 
 
+def upsert_batch(ts: TableSchema, data: pa.Table) -> pa.RecordBatch:
+    """User rows as the WAL-schema batch a region writer appends."""
+    return with_tombstone(ts, upsert_rows(ts, data), False)
+
+
+def with_ids(ids: object) -> pa.Table:
+    """Rows of every column of SCHEMA whose `id` column is `ids` (which may hold NULLs)."""
+    n = len(ids)  # type: ignore[arg-type]
+    return expected(list(range(n))).set_column(0, "id", ids if isinstance(ids, pa.Array) else pa.array(ids))
+
+
 # ------------------------------------------------------------------ TableSchema
 
 
@@ -106,17 +119,27 @@ def test_table_schema() -> None:
 
 
 @HYP
-@given(st.permutations(SCHEMA.names), st.sets(st.sampled_from(NULLABLE)), st.integers(0, 6))
-def test_conform_reorders_and_fills(order: list[str], dropped: set[str], n: int) -> None:
+@given(st.permutations(SCHEMA.names), st.integers(0, 6))
+def test_conform_reorders(order: list[str], n: int) -> None:
     full = expected(list(range(n)))
-    given_table = full.select([c for c in order if c not in dropped])
-    out = conform(given_table, SCHEMA)
+    out = conform(full.select(order), SCHEMA)
     assert out.schema.equals(SCHEMA, check_metadata=True)
-    for f in SCHEMA:
-        if f.name in dropped:
-            assert out.column(f.name).null_count == n and out.column(f.name).type == f.type
-        else:
-            assert out.column(f.name).equals(full.column(f.name))
+    assert out.equals(full)
+
+
+@HYP
+@given(st.sets(st.sampled_from(SCHEMA.names), min_size=1, max_size=len(SCHEMA) - 1), st.integers(0, 6))
+def test_input_lacking_columns_is_refused_naming_them(dropped: set[str], n: int) -> None:
+    """A put replaces whole rows: input lacking any column, nullable or not, is refused with
+    `MissingColumnsError` naming exactly the missing columns, whatever the input kind."""
+    given_table = expected(list(range(n))).drop_columns(sorted(dropped))
+    want = tuple(c for c in SCHEMA.names if c in dropped)
+    reader = pa.RecordBatchReader.from_batches(given_table.schema, given_table.to_batches())
+    for data in (given_table, given_table.to_pydict(), given_table.to_pandas(), reader):
+        with pytest.raises(MissingColumnsError, match="a put replaces whole rows") as e:
+            list(upsert_chunks(TS, data, 2))
+        assert e.value.columns == want
+        assert all(repr(c) in str(e.value) for c in want)
 
 
 def test_conform_is_identity_on_conforming_input() -> None:
@@ -163,6 +186,7 @@ def test_conform_rejects_missing_non_nullable_value_column() -> None:
         (pa.array([D0]), pa.utf8()),
         (pa.array([1]), pa.decimal128(10, 2)),
         (pa.array([["a"]]), pa.list_(pa.int64())),
+        (pa.array([["1", "2"]]), pa.list_(pa.float32(), 2)),  # strings that parse are no numbers
     ],
     ids=lambda v: str(v.type) if isinstance(v, pa.Array) else str(v),
 )
@@ -193,6 +217,9 @@ def test_conform_rejects_incompatible_types(src: pa.Array, dst: pa.DataType) -> 
         (pa.array([[1, None], None, []], pa.list_(pa.int32())), pa.list_(pa.int64())),
         (pa.array([None, None]), pa.int64()),  # an all-NULL column of type null
         (pa.array([None]), pa.list_(pa.utf8())),
+        (pa.array([[1.5, -2.0], None, [0.0, 3.0]]), pa.list_(pa.float32(), 2)),  # vectors, one NULL
+        (pa.array([None, None]), pa.list_(pa.float32(), 2)),  # no vectors at all (e.g. a dict of Nones)
+        (pa.array([[1, 2]], pa.large_list(pa.int32())), pa.list_(pa.float32(), 2)),
     ],
     ids=lambda v: str(v.type) if isinstance(v, pa.Array) else str(v),
 )
@@ -248,7 +275,7 @@ def test_failed_conversion_names_the_column_in_a_wide_table() -> None:
 
 @pytest.mark.parametrize("ids", [[1, None], [None], pa.nulls(2)])
 def test_null_keys_rejected(ids: object) -> None:
-    data = pa.table({"id": ids, "name": ["a"] * len(ids)})
+    data = with_ids(ids)
     with pytest.raises(NullPrimaryKeyError):
         upsert_batch(TS, data)
     with pytest.raises(NullPrimaryKeyError):
@@ -258,19 +285,21 @@ def test_null_keys_rejected(ids: object) -> None:
 
 
 def test_null_in_one_part_of_a_composite_key_rejected() -> None:
-    data = pa.table({"tenant": ["a", None], "seq": pa.array([1, 2], pa.int32())})
+    data = pa.table({"tenant": ["a", None], "seq": pa.array([1, 2], pa.int32()), "v": [1.0, 2.0]})
     with pytest.raises(NullPrimaryKeyError, match="tenant"):
         upsert_batch(COMPOSITE, data)
     with pytest.raises(NullPrimaryKeyError, match="tenant"):
-        delete_batch(COMPOSITE, data)
-    data = pa.table({"tenant": ["a", "b"], "seq": pa.array([1, None], pa.int32())})
+        delete_batch(COMPOSITE, data.drop_columns(["v"]))
+    data = pa.table({"tenant": ["a", "b"], "seq": pa.array([1, None], pa.int32()), "v": [1.0, 2.0]})
     with pytest.raises(NullPrimaryKeyError, match="seq"):
         upsert_batch(COMPOSITE, data)
 
 
 def test_nulls_in_non_nullable_value_column_rejected() -> None:
     with pytest.raises(SchemaMismatchError, match="required"):
-        upsert_batch(NN, pa.table({"id": [1, 2], "required": pa.array([5, None], pa.int32())}))
+        upsert_batch(
+            NN, pa.table({"id": [1, 2], "required": pa.array([5, None], pa.int32()), "opt": ["a", "b"]})
+        )
 
 
 # ------------------------------------------------------------------ upsert and delete batches
@@ -370,9 +399,6 @@ INPUTS = {
     "pandas": _pandas,
     "dict": lambda: expected(IDS).to_pydict(),
     "rows": lambda: expected(IDS).to_pylist(),
-    "rows_missing_nullable_keys": lambda: [
-        {k: v for k, v in r.items() if v is not None} for r in expected(IDS).to_pylist()
-    ],
 }
 
 
@@ -386,6 +412,20 @@ def test_every_input_kind(kind: str) -> None:
     assert all(c.num_rows <= 2 for c in chunks) and sum(c.num_rows for c in chunks) == len(IDS)
     again = pa.Table.from_batches([upsert_batch(TS, c) for c in chunks]).drop_columns([TOMBSTONE])
     assert again.to_pylist() == want.to_pylist(), kind
+
+
+def test_rows_with_different_keys_are_refused() -> None:
+    """A list of row dicts in which a row leaves out a key (Arrow would make it NULL in that row, or
+    drop it when the first row leaves it out) is refused naming the row and the key."""
+    rows = expected(IDS).to_pylist()
+    del rows[3]["score"]
+    with pytest.raises(MissingColumnsError, match=r"row 3 lacks the columns \['score'\]") as e:
+        to_table(rows)
+    assert e.value.columns == ("score",)
+    rows = expected(IDS).to_pylist()
+    del rows[0]["flag"]
+    with pytest.raises(SchemaMismatchError, match=r"row 1 has the columns \['flag'\] that row 0 lacks"):
+        to_table(rows)
 
 
 @pytest.mark.parametrize("data", ["abc", 42, None, b"bytes", 1.5])

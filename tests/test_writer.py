@@ -382,3 +382,74 @@ def test_generation_files_are_durable_before_a_manifest_names_them(tmp_path, mon
     synced = {p for kind, p in events[:first] if kind == "fsync"}
     on_disk = {str(p) for p in gen_dir.rglob("*")} | {str(gen_dir), str(gen_dir.parent)}
     assert len(on_disk) > 5 and on_disk <= synced, sorted(on_disk - synced)
+
+
+def visible_rows(reader: mw.MemWalTable) -> dict:
+    return {r["id"]: r for r in reader.to_table().to_pylist()}
+
+
+def keys_in_two_regions(table: mw.Table) -> tuple[int, int]:
+    """Two keys that the table's spec routes to different regions."""
+    (buckets,) = table.spec.evaluate(rows(range(100, 140)), table.schema.field_ids)
+    first = buckets[0].as_py()
+    other = next(i for i, b in enumerate(buckets.to_pylist()) if b != first)
+    return 100, 100 + other
+
+
+@pytest.mark.parametrize("how", ["close", "with", "abort"])
+def test_nothing_is_accepted_after_the_table_writer_closes(table, how):
+    """After `close()`, the end of its `with` block or `abort()`, every put, delete and flush raises
+    `WriterClosedError`: also an empty write, and a put to a region the writer never opened (which
+    would claim a region writer that nobody closes, its rows only in the WAL). Closing again is
+    harmless; a reader given the writer sees what a fresh reader sees."""
+    mine, other = keys_in_two_regions(table)
+    w = table.writer()
+    attached = mw.MemWalTable(table, writer=w)
+    if how == "with":
+        with w:
+            w.put(rows([mine]))
+    else:
+        w.put(rows([mine]))
+        w.close() if how == "close" else w.abort()
+    opened = list(w.writers)
+    calls = {
+        "put to a new region": lambda: w.put(rows([other])),
+        "put": lambda: w.put(rows([mine], "late")),
+        "empty put": lambda: w.put(rows([])),
+        "delete": lambda: w.delete([mine]),
+        "empty delete": lambda: w.delete([]),
+        "flush": w.flush,
+    }
+    for name, call in calls.items():
+        with pytest.raises(errors.WriterClosedError, match="the table writer is closed"):
+            call()
+        assert list(w.writers) == opened, name
+    w.close()
+    w.close()
+    table.recover()  # (after abort: replays the durable put)
+    want = expected(rows([1, 2, 3], "base"), rows([mine]))
+    assert stored_rows(table) == want
+    assert visible_rows(attached) == want == visible_rows(mw.MemWalTable(table))
+
+
+def test_nothing_is_accepted_after_a_region_writer_closes(table):
+    """A region writer refuses every put, delete and flush once closed (also empty writes); closing
+    again is harmless."""
+    mine, _ = keys_in_two_regions(table)
+    with table.writer() as w:
+        w.put(rows([mine]))
+    (region,) = w.writers
+    rw = table.region_writer(region)
+    rw.put(rows([mine], "b"))
+    rw.close()
+    for call in (
+        lambda: rw.put(rows([mine], "late")),
+        lambda: rw.put(rows([])),
+        lambda: rw.delete([mine]),
+        lambda: rw.delete([]),
+        rw.flush,
+    ):
+        with pytest.raises(errors.WriterClosedError, match=f"the writer of region {region} is closed"):
+            call()
+    rw.close()
+    assert stored_rows(table) == expected(rows([1, 2, 3], "base"), rows([mine], "b"))

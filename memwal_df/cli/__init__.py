@@ -1,7 +1,7 @@
 """The `memwal` command line: `memwal COMMAND --help` describes each command.
 
 Commands: create, ingest, delete, sql (a shell without a query), explain, status, merge, build-index,
-gc, recover, maintain, bench. Errors print one line on stderr and exit with a code of `Exit`
+gc, recover, repair, maintain, bench. Errors print one line on stderr and exit with a code of `Exit`
 (docs/operations.md): 2 bad arguments or data, 3 no such table or file, 4 lost a race or fenced
 (retry), 5 storage failure, 6 SQL error, 1 anything else; 130 on Ctrl-C.
 """
@@ -54,5 +54,6 @@ def main(argv: list[str] | None = None, prog: str = "memwal") -> int:
     except Exception as e:  # noqa: BLE001 - every error becomes a message and an exit code
         if args.traceback:
             raise
-        print(f"{prog} {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        notes = "".join(f"\n  {n}" for n in getattr(e, "__notes__", ()))
+        print(f"{prog} {args.command}: error: {type(e).__name__}: {e}{notes}", file=sys.stderr)
         return int(exit_code(e))

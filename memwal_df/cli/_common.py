@@ -53,6 +53,7 @@ _EXIT_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
     (errors.RegionRoutingError, Exit.USAGE),
     (errors.InvalidRegionSpecError, Exit.USAGE),
     (errors.InvalidConfigError, Exit.USAGE),
+    (errors.RepairRefusedError, Exit.USAGE),
     (pa.ArrowInvalid, Exit.USAGE),  # an input file that does not parse
     (errors.MemWalError, Exit.FAILED),
     (OSError, Exit.STORAGE),

@@ -13,7 +13,6 @@ import argparse
 import itertools
 import sys
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pyarrow as pa
 from memwal_df.cli import _common as c
 from memwal_df.cli.inputs import FORMAT_NAMES, Progress, format_of, read_batches, total_rows
 from memwal_df.errors import InvalidArgumentError, SchemaMismatchError
+from memwal_df.layout import parse_region_id
 from memwal_df.table import Table
 
 
@@ -129,11 +129,7 @@ def _keys_of(batch: pa.RecordBatch, primary_key: tuple[str, ...]) -> pa.RecordBa
 
 def _writer(table: Table, args: argparse.Namespace) -> Any:
     if args.region:
-        try:
-            region = uuid.UUID(args.region)
-        except ValueError:
-            raise InvalidArgumentError(f"--region takes a region id (a UUID), got {args.region!r}") from None
-        return table.region_writer(region, durable=args.durable)
+        return table.region_writer(parse_region_id(args.region, "--region"), durable=args.durable)
     return table.writer(durable=args.durable)
 
 

@@ -1,6 +1,6 @@
-"""The background jobs as commands: `merge`, `build-index`, `gc`, `recover` and the `maintain` loop
-(`python -m memwal_df maintain` runs the same code). Each prints what it did (`--json`: the job's
-result object as data)."""
+"""The background jobs as commands: `merge`, `build-index`, `gc`, `recover`, `repair` and the
+`maintain` loop (`python -m memwal_df maintain` runs the same code). Each prints what it did
+(`--json`: the job's result object as data)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from memwal_df import gc as _gc
 from memwal_df import maintain as _maintain
 from memwal_df.cli import _common as c
-from memwal_df.errors import InvalidArgumentError
+from memwal_df.errors import CorruptRegionsError, InvalidArgumentError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,7 +68,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_table(r)
     c.add_json(r)
-    r.set_defaults(run=_job(lambda t, a: {"recovered": t.recover()}, _recover_text))
+    r.set_defaults(run=_job(lambda t, a: t.recover(), _recover_text, lambda r: {"recovered": c.plain(r)}))
+
+    p = sub.add_parser(
+        "repair",
+        help="set a region's corrupt WAL entries aside so the region can be claimed again",
+        description="Show what repairing the region's WAL loses: the corrupt entry files (and, with "
+        "--discard-later, the valid entries after a corrupt one, with their row counts). With --yes, "
+        "claim the region with a new writer epoch (fencing any active writer), move those files to "
+        "_mem_wal/REGION/quarantine/epoch-E/ (nothing is deleted) and put a fence sentinel in the first "
+        "one's place, so writers and recover replay the region again. A corrupt entry followed by "
+        "valid ones is refused without --discard-later: setting it aside alone would hide the later "
+        "entries from replay.",
+    )
+    c.add_table(p)
+    p.add_argument("--region", required=True, help="the region id (memwal status lists corrupt regions)")
+    p.add_argument("--yes", action="store_true", help="do it (without: only show what would be lost)")
+    p.add_argument(
+        "--discard-later",
+        action="store_true",
+        help="also set aside the valid entries after a corrupt one in the middle of the WAL "
+        "(their rows are lost)",
+    )
+    c.add_json(p)
+    p.set_defaults(run=run_repair)
 
     add_maintain(sub)
 
@@ -101,20 +125,58 @@ def _grace(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, default=default, help=f"GC grace period in seconds ({default:.0f})")
 
 
-def _job(call: Callable[[Any, argparse.Namespace], Any], text: Callable[[Any], str]) -> Callable:
+def _job(
+    call: Callable[[Any, argparse.Namespace], Any],
+    text: Callable[[Any], str],
+    data: Callable[[Any], dict[str, Any]] = c.plain,
+) -> Callable:
+    """A command running `call`; a job that skipped corrupt regions prints what it did on the others,
+    then each skipped region and file (`--json`: `corrupt_regions`), and exits with code 1."""
+
     def run(args: argparse.Namespace) -> int:
         table = c.table_of(args)
         t0 = time.perf_counter()
-        result = call(table, args)
+        try:
+            result, failed = call(table, args), {}
+        except CorruptRegionsError as e:
+            result, failed = e.result, e.errors
         seconds = time.perf_counter() - t0
         c.emit(
             args,
-            {**c.plain(result), "seconds": round(seconds, 3)},
-            lambda: f"{text(result)} in {seconds:.2f}s",
+            {**data(result), "seconds": round(seconds, 3), "corrupt_regions": c.plain(failed)},
+            lambda: f"{text(result)} in {seconds:.2f}s" + _corrupt_text(args.uri, failed),
         )
-        return c.Exit.OK
+        return c.Exit.FAILED if failed else c.Exit.OK
 
     return run
+
+
+def _corrupt_text(uri: str, failed: dict[Any, Exception]) -> str:
+    if not failed:
+        return ""
+    lines = [f"\nskipped {len(failed)} corrupt region(s):"]
+    lines += [f"  {r}: {e}" for r, e in sorted(failed.items())]
+    lines.append(f"see `memwal repair {uri} --region REGION`")
+    return "\n".join(lines)
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    table = c.table_of(args)
+    plan = table.repair_region(_region_id(args.region), apply=args.yes, discard_later=args.discard_later)
+    hint = ""
+    if (plan.entries or plan.covered) and not plan.applied:
+        hint = "\nnothing was changed; run again with --yes to set these entries aside"
+    elif plan.applied:
+        hint = f"\nthe region can be claimed again: run `memwal recover {args.uri}` to replay it"
+    c.emit(args, {**c.plain(plan), "rows_lost": plan.rows_lost}, lambda: plan.describe() + hint)
+    return c.Exit.OK
+
+
+def _region_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError as e:
+        raise InvalidArgumentError(f"--region must be a region id (a UUID), got {text!r}") from e
 
 
 def _run_gc(table: Any, args: argparse.Namespace) -> _gc.GcResult:
@@ -151,8 +213,8 @@ def _gc_text(r: Any) -> str:
     )
 
 
-def _recover_text(r: dict[str, Any]) -> str:
-    return f"recovered {len(r['recovered'])} region(s)" + "".join(f"\n  {x}" for x in r["recovered"])
+def _recover_text(recovered: list[Any]) -> str:
+    return f"recovered {len(recovered)} region(s)" + "".join(f"\n  {x}" for x in recovered)
 
 
 def run_maintain(args: argparse.Namespace) -> int:
@@ -185,12 +247,19 @@ def run_maintain(args: argparse.Namespace) -> int:
         for r in rounds
     ]
     failed = {k for r in rounds for k in r.errors}
+    corrupt = {
+        region: err
+        for e in (rounds[-1].errors.values() if rounds else ())
+        if isinstance(e, CorruptRegionsError)
+        for region, err in e.errors.items()
+    }
     c.emit(
         args,
         summary,
         lambda: (
             f"{len(rounds)} round(s)"
             + (f"; failed jobs: {', '.join(sorted(failed))}" if failed else "; no errors")
+            + _corrupt_text(args.uri, corrupt)
         ),
     )
     return c.Exit.FAILED if rounds and rounds[-1].errors else c.Exit.OK

@@ -16,16 +16,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status",
         help="show regions, epochs, generations, merge and index catch-up progress",
         description="Regions (one row each), their writer epoch, flushed and merged generations, WAL "
-        "positions and, per maintained base index, the generation its catch-up covers.",
+        "positions and, per maintained base index, the generation its catch-up covers; then each "
+        "region whose manifest or unreplayed WAL entry cannot be decoded (file and error).",
     )
     c.add_table(p)
+    p.add_argument(
+        "--no-wal-check",
+        action="store_true",
+        help="do not decode the unflushed WAL entries (one read per entry) to find corrupt ones",
+    )
     c.add_json(p)
     p.set_defaults(run=run)
 
 
-def collect(table: Table) -> dict[str, Any]:
+def collect(table: Table, check_wal: bool = True) -> dict[str, Any]:
     """`table.status()` plus, per region, the unmerged generations and each index's catch-up."""
-    st = table.status()
+    st = table.status(check_wal=check_wal)
     catchup = memwal_index.index_catchup(table.details)
     regions = []
     for r in st["regions"]:
@@ -43,7 +49,7 @@ def collect(table: Table) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = collect(c.table_of(args))
+    info = collect(c.table_of(args), check_wal=not args.no_wal_check)
     c.emit(args, info, lambda: text(info))
     return c.Exit.OK
 
@@ -61,8 +67,9 @@ def text(info: dict[str, Any]) -> str:
         f"{maintained if maintained == 'all' else ', '.join(maintained) or 'none'})",
     ]
     regions = info["regions"]
+    corrupt = _corrupt_text(info)
     if not regions:
-        return "\n".join([*head, "", "no regions yet"])
+        return "\n".join([*head, "", "no readable regions" if corrupt else "no regions yet", *corrupt])
     names = sorted({n for r in regions for n in r["index_catchup"]})
     headers = ["region", "values", "epoch", "manifest", "next gen", "flushed", "merged", "unmerged"]
     headers += ["WAL seen", "replay after", *(f"catch-up {n}" for n in names)]
@@ -84,7 +91,20 @@ def text(info: dict[str, Any]) -> str:
     ]
     unmerged = sum(len(r["unmerged_generations"]) for r in regions)
     foot = f"{len(regions)} regions, {unmerged} flushed generations not merged yet"
-    return "\n".join([*head, "", c.text_table(headers, rows), "", foot])
+    return "\n".join([*head, "", c.text_table(headers, rows), "", foot, *corrupt])
+
+
+def _corrupt_text(info: dict[str, Any]) -> list[str]:
+    """Lines naming each corrupt region, its file and error, and the repair command."""
+    corrupt = info["corrupt_regions"]
+    if not corrupt:
+        return []
+    lines = ["", f"CORRUPT: {len(corrupt)} region(s) have a file that cannot be decoded:"]
+    for p in corrupt:
+        lines.append(f"  region {p['region_id']}: {p['kind']} {p['path']}")
+        lines.append(f"    {p['error']}")
+    lines.append(f"see `memwal repair {info['uri']} --region REGION` (docs/operations.md)")
+    return lines
 
 
 def _snapshot_text(ms: int | None) -> str:

@@ -78,6 +78,7 @@ def plan_point_lookup(
                     "lookup of keys the snapshot was not taken for: a point-lookup snapshot holds only "
                     "the regions its keys route to (take_snapshot(keys=...))"
                 )
+    snapshot.require_readable(snapshot.unreadable)  # (a point-lookup snapshot holds none)
     base = snapshot.base
 
     def take_base(k: pa.Table) -> ExecNode:

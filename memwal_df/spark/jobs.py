@@ -26,8 +26,9 @@ def _save(df: DataFrame, table: Table, operation: str, durable: bool) -> None:
 def write(
     df: DataFrame, uri: str | Table, storage_options: dict[str, str] | None = None, *, durable: bool = True
 ) -> None:
-    """Upsert the rows of `df` (columns of the table; missing nullable columns are NULL): route them
-    to their regions inside Spark and write each region from one task (see `memwal_df.spark.source`).
+    """Upsert the rows of `df` (every column of the table: an upsert replaces whole rows, so a
+    DataFrame lacking a column raises `MissingColumnsError` before any task runs): route them to
+    their regions inside Spark and write each region from one task (see `memwal_df.spark.source`).
 
     Rows with the same key in one call: one of them wins (Spark does not order rows across
     partitions); write them in separate calls to order them."""

@@ -23,9 +23,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from memwal_df.errors import RegionRoutingError, SchemaMismatchError
+from memwal_df.errors import RegionRoutingError
 from memwal_df.region_spec import Bucket, MultiBucket, RegionSpec, Unsharded
-from memwal_df.schema import conform
+from memwal_df.schema import check_columns, conform
 from memwal_df.table import Table
 from memwal_df.writer import region_of_row, value_codes
 
@@ -137,13 +137,14 @@ def _as_bigint(col: Column, arrow_type: pa.DataType) -> Column:
 
 
 def arrow_routes(table: Table) -> Callable[[pa.Table], pa.Array]:
-    """A function from rows (any columns the table accepts) to each row's region id (strings),
-    exactly as `TableWriter` routes them: rows are conformed to the table schema, the spec is
-    evaluated, and each distinct value tuple's region id is derived once."""
+    """A function from rows (every column of the table, or the key columns of keys to delete) to
+    each row's region id (strings), exactly as `TableWriter` routes them: rows are conformed to the
+    table schema, the spec is evaluated, and each distinct value tuple's region id is derived once."""
     spec, ts = _spec(table), table.schema
 
     def routes(rows: pa.Table) -> pa.Array:
-        values = spec.evaluate(conform(rows, _target(table, rows)), ts.field_ids)
+        keys = set(rows.column_names) <= set(ts.primary_key)  # rows of key columns: keys to delete
+        values = spec.evaluate(conform(rows, ts.key_schema if keys else ts.schema, keys=keys), ts.field_ids)
         _, first, inverse = np.unique(
             value_codes(values, rows.num_rows), return_index=True, return_inverse=True
         )
@@ -153,12 +154,6 @@ def arrow_routes(table: Table) -> Callable[[pa.Table], pa.Array]:
     return routes
 
 
-def _target(table: Table, rows: pa.Table) -> pa.Schema:
-    """The table schema (or, for rows of key columns only, the key schema)."""
-    ts = table.schema
-    return ts.key_schema if set(rows.column_names) <= set(ts.primary_key) else ts.schema
-
-
 def _spec(table: Table) -> RegionSpec:
     if table.spec is None:
         raise RegionRoutingError("the table has no region spec, so rows cannot be routed")
@@ -166,14 +161,15 @@ def _spec(table: Table) -> RegionSpec:
 
 
 def check_routable(table: Table, columns: list[str], keys_only: bool) -> RegionSpec:
-    """The table's region spec, after checking that rows of `columns` (primary keys only if
-    `keys_only`) can be routed with it: `SchemaMismatchError` / `RegionRoutingError` if not."""
+    """The table's region spec, after checking that rows of `columns` can be written and routed with
+    it, as `TableWriter` checks them: the primary-key columns if `keys_only`, else every column of
+    the table (`memwal_df.schema.check_columns`: `SchemaMismatchError`, `MissingColumnsError`), and a
+    spec that a key alone routes (`RegionRoutingError`)."""
     spec, ts = _spec(table), table.schema
-    allowed = ts.key_schema.names if keys_only else ts.schema.names
-    extra = [c for c in columns if c not in allowed]
-    if extra:
-        what = "the primary key" if keys_only else "the table"
-        raise SchemaMismatchError(f"columns {extra} are not in {what} of {table.uri}")
+    if keys_only:
+        check_columns(columns, ts.key_schema, what="delete keys", keys=True)
+    else:
+        check_columns(columns, ts.schema)
     if keys_only and not spec.reads_only(ts.field_ids[c] for c in ts.primary_key):
         raise RegionRoutingError("the region spec reads non-key columns, so a key alone cannot be routed")
     return spec

@@ -154,11 +154,9 @@ class MemWalReader(DataSourceReader):
         table = self.ref.open()
         snapshot = take_snapshot(table, "latest")
         filter = conjunction(self.pushed)
+        planned = plan(table, snapshot, filter, self.spans)  # raises for an unreadable region it needs
         pinned = pin(snapshot)
-        return [
-            ScanPartition(i, p.label, pinned, filter, self.spans)
-            for i, p in enumerate(plan(table, snapshot, filter, self.spans))
-        ]
+        return [ScanPartition(i, p.label, pinned, filter, self.spans) for i, p in enumerate(planned)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ScanPartition)

@@ -3,7 +3,8 @@
 A task of `df.write.format("memwal").save(uri)` without the routing column may hold rows of any
 region, and so may every other task of the job. Each task
 
-1. **stages** its partition: every Arrow batch is validated (`conform`, keys, NULLs) and grouped by
+1. **stages** its partition: every Arrow batch is validated as `TableWriter.put` / `delete` validate
+   (`memwal_df.schema.upsert_rows` / `key_rows`: every column, keys, NULLs) and grouped by
    region with the table writer's vectorized routing (`memwal_df.writer.group_by_region`); the groups
    are kept per region in memory up to `stage_memory_bytes`, beyond that the largest region's rows
    are spilled to an Arrow IPC stream file in a private temporary directory (`RegionStage`);
@@ -39,7 +40,7 @@ import pyarrow as pa
 
 from memwal_df import layout, lease
 from memwal_df.errors import InvalidConfigError, WriterFencedError
-from memwal_df.schema import check_keys, check_not_null, conform, keys_table
+from memwal_df.schema import key_rows, upsert_rows
 from memwal_df.storage import Storage
 from memwal_df.table import Table
 from memwal_df.writer import group_by_region
@@ -184,12 +185,9 @@ def stage_batches(table: Table, batches: Iterable[pa.RecordBatch], operation: st
     total = 0
     for batch in batches:
         if operation == "delete":
-            rows = conform(keys_table(ts, batch), ts.key_schema, what="delete keys")
-            check_keys(rows, ts.primary_key)
+            rows = key_rows(ts, batch)
         else:
-            rows = conform(pa.Table.from_batches([batch]), ts.schema)
-            check_keys(rows, ts.primary_key)
-            check_not_null(rows)
+            rows = upsert_rows(ts, pa.Table.from_batches([batch]))
         if rows.num_rows == 0:
             continue
         for values, group in group_by_region(spec, ts.field_ids, rows):
