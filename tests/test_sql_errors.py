@@ -13,8 +13,9 @@ import pyarrow.compute as pc
 import pytest
 
 import memwal_df as mw
-from memwal_df import errors
+from memwal_df import errors, layout
 from memwal_df.errors import (
+    CorruptManifestError,
     InvalidConfigError,
     InvalidFilterError,
     MissingGenerationError,
@@ -212,3 +213,18 @@ def test_python_filters_get_the_same_typed_errors(table: mw.Table, flt: pc.Expre
         with pytest.raises(InvalidFilterError) as raised:
             call()
         assert words in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "sql", ["SELECT * FROM t", f"SELECT id FROM {VS})", "SELECT * FROM fts('t', 'text', 'word1', 3)"]
+)
+def test_corrupt_region_manifest_is_typed_through_sql_with_its_path(
+    table: mw.Table, ctx: datafusion.SessionContext, sql: str
+) -> None:
+    region = table.region_ids()[0]
+    path = layout.manifest_path(region, table.region_status(region).manifest_version)
+    data = table.storage.get(path)
+    table.storage.put(path, data[: len(data) // 2])
+    with pytest.raises(CorruptManifestError) as raised:
+        mw.query(ctx, sql)
+    assert raised.value.path == path
