@@ -57,6 +57,8 @@ def compile_int_expression(sql: str, source_types: Sequence[pa.DataType]) -> Eva
 
 
 def _tokens(sql: str) -> list[tuple[str, str]]:
+    if "--" in sql or "/*" in sql:  # SQL comments
+        raise _Unsupported
     out, pos = [], 0
     while sql[pos:].strip():
         m = _TOKEN.match(sql, pos)

@@ -1160,6 +1160,9 @@ def test_expressions_outside_the_vectorized_subset_use_datafusion() -> None:
         ("col0 % 3", [pa.uint64()]),
         ("col0 * 1.5", [pa.int64()]),
         ("coalesce(col0, 1)", [pa.int64()]),
+        ("col0 --1", [pa.int64()]),
+        ("col0 /* a comment */ % 2", [pa.int64()]),
     ]:
         assert rs.Expression(sql).vectorized(types) is None, sql
     assert rs.Expression("left(col0, 1)").apply([text]).to_pylist() == ["a", None]
+    assert rs.Expression("col0 --1").apply([pa.array([5], pa.int64())]).to_pylist() == [5]
