@@ -449,16 +449,16 @@ def check_filter(expr: pc.Expression | None, schema: pa.Schema, text: str | None
     if expr is None or (error := _binds(expr, schema)) is None:
         return
     shown = repr(text) if text is not None else str(expr)
-    unknown = sorted(referenced_columns(expr) - set(schema.names))
+    try:
+        nodes = list(_walk(decode(expr)))
+    except ValueError:  # an expression the decoder does not know: Arrow's message only
+        nodes = []
+    unknown = sorted({n.name for n in nodes if isinstance(n, Field)} - set(schema.names))
     if unknown:
         raise InvalidFilterError(
             f"filter {shown} names column {', '.join(map(repr, unknown))}, which the table does not "
             f"have (columns: {', '.join(schema.names)})"
         )
-    try:
-        nodes = list(_walk(decode(expr)))
-    except ValueError:  # an expression the decoder does not know: Arrow's message only
-        nodes = []
     for node in nodes:
         if not isinstance(node, Call):
             continue
