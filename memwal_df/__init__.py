@@ -3,7 +3,7 @@
 Write path: `create_table` / `open_table`, routed `Table.writer()` and per-region
 `Table.region_writer()`, durable WAL, MemTable flushes into generations that Lance 14 reads natively.
 Read path: `MemWalTable` (a dataset DataFusion scans, merging every level by primary key) and
-`register(ctx)` for memwal_df's SQL functions.
+`register(ctx)` for memwal_df's SQL functions, `query(ctx, sql)` to run SQL with typed errors.
 """
 
 from memwal_df import _lance_log, errors  # noqa: F401  (_lance_log first: before `lance` loads)
@@ -21,7 +21,7 @@ from memwal_df.region_spec import (
     unsharded,
     year,
 )
-from memwal_df.sql import register
+from memwal_df.sql import query, register
 from memwal_df.table import RegionStatus, Table, create_table, open_table
 from memwal_df.writer import TableWriter
 
@@ -42,6 +42,7 @@ __all__ = [
     "month",
     "multi_bucket",
     "open_table",
+    "query",
     "register",
     "truncate",
     "unsharded",

@@ -31,6 +31,7 @@ from memwal_df.predicate import (
     Field,
     Literal,
     Node,
+    check_filter,
     column_predicates,
     decode,
     key_lookups,
@@ -178,6 +179,11 @@ class MemWalTable(pds.Dataset):
     def schema(self) -> pa.Schema:
         return self._schema
 
+    def _check(self, filter: Any) -> None:
+        """A filter given through the Python API (DataFusion checks its own before pushing them)."""
+        if isinstance(filter, pc.Expression):
+            check_filter(filter, self._schema)
+
     def _projected(self, columns: Sequence[str] | None) -> pa.Schema:
         if columns is None:
             return self._schema
@@ -231,7 +237,9 @@ class MemWalTable(pds.Dataset):
         return [Partition(f"point lookup of {len(keys)} keys", make)]
 
     def explain(self, filter: Any = None, columns: Sequence[str] | None = None) -> str:
-        """The operator tree a query with this filter and projection gets, one partition per block."""
+        """The operator tree a query with this filter and projection gets, one partition per block.
+        `InvalidFilterError` for a filter that is not a condition on the table's rows."""
+        self._check(filter)
         cols = self._projected(columns).names
         lines = []
         for p in self._plan(filter):
@@ -239,7 +247,9 @@ class MemWalTable(pds.Dataset):
         return "\n".join(lines)
 
     def to_table(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table:
-        """The rows a query would return (without DataFusion)."""
+        """The rows a query would return (without DataFusion). `InvalidFilterError` for a filter
+        that is not a condition on the table's rows (an unknown column, a value of another type)."""
+        self._check(filter)
         projected = self._projected(columns)
         batches = [
             b

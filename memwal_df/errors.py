@@ -1,7 +1,16 @@
-"""Typed errors of memwal_df. Every error a user can cause or observe derives from `MemWalError`."""
+"""Typed errors of memwal_df. Every error a user can cause or observe derives from `MemWalError`.
+
+DataFusion turns an exception raised inside SQL (a table function such as `vector_search`, or a
+scan) into a plain error carrying the original's class and message as text: `unwrap` rebuilds the
+typed error from it, and `memwal_df.query(ctx, sql)` runs a query and raises that typed error.
+"""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
+import sys
 import uuid
 
 
@@ -135,3 +144,68 @@ class CorruptRegionsError(MemWalError):
 
 class RepairRefusedError(MemWalError, ValueError):
     """`repair_region` found damage it will not set aside without a stronger flag (or cannot repair)."""
+
+
+class InvalidFilterError(InvalidConfigError):
+    """A filter given as SQL text that does not parse, names a column the table lacks, or compares
+    a column with a value of another type."""
+
+
+class TableNotRegisteredError(MemWalError, KeyError):
+    """A SQL function named a table that is not registered as a MemWAL table in the context."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+# an error raised where DataFusion plans the query (a table function): the PyErr's Debug text
+_PY_ERR = re.compile(
+    r"PyErr \{ type: <class 'memwal_df\.errors\.(?P<cls>\w+)'>, "
+    r"value: (?P=cls)\((?P<args>.*?)\), traceback: ",
+    re.DOTALL,
+)
+# an error raised while a scan runs: Arrow's external error, `Class: message`
+_EXTERNAL = re.compile(r"External error: (?P<cls>\w+): (?P<message>.*)\Z", re.DOTALL)
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The memwal_df error that `exc` (an error DataFusion raised for a SQL query) carries as text,
+    rebuilt with its type and message, its `__cause__` set to `exc`; `exc` itself when it is
+    already typed or carries no memwal_df error."""
+    if isinstance(exc, MemWalError):
+        return exc
+    found = _carried(str(exc))
+    if found is None:
+        return exc
+    typed = _rebuild(*found)
+    typed.__cause__ = exc
+    return typed
+
+
+def _carried(text: str) -> tuple[type[MemWalError], tuple[object, ...]] | None:
+    """The memwal_df error class named in `text` and its arguments."""
+    if m := _PY_ERR.search(text):
+        try:
+            args = ast.literal_eval(f"({m.group('args')},)") if m.group("args") else ()
+        except (ValueError, SyntaxError):
+            args = (m.group("args"),)
+    elif m := _EXTERNAL.search(text):
+        args = (m.group("message").strip(),)
+    else:
+        return None
+    cls = getattr(sys.modules[__name__], m.group("cls"), None)
+    if not (isinstance(cls, type) and issubclass(cls, MemWalError)):
+        return None
+    return cls, tuple(args)
+
+
+def _rebuild(cls: type[MemWalError], args: tuple[object, ...]) -> MemWalError:
+    """`cls` with `args` as its exception arguments (its constructor may take other parameters)."""
+    try:
+        return cls(*args)
+    except TypeError:
+        err = cls.__new__(cls)
+        Exception.__init__(err, *args)
+        if "path" in inspect.signature(cls.__init__).parameters and args:
+            err.path = str(args[0]).rsplit(": ", 1)[-1]  # type: ignore[attr-defined]
+        return err

@@ -47,6 +47,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df.errors import InvalidFilterError
 from memwal_df.region_spec import Eq, In, Predicate, Range
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "Field",
     "Literal",
     "Node",
+    "check_filter",
     "column_predicates",
     "conjuncts",
     "decode",
@@ -426,6 +428,51 @@ def _set_values(call: Call) -> tuple[list[Any], bool, int] | None:
     if any(isinstance(v, pa.Scalar) for v in values):
         return None
     return values, value_set.null_count > 0, int(call.options.get("null_matching_behavior", _MATCH))
+
+
+_BIND_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError)
+
+
+def _binds(expr: pc.Expression, schema: pa.Schema) -> BaseException | None:
+    """Why `expr` is not a condition on rows of `schema` (Arrow's error), or None."""
+    try:
+        schema.empty_table().filter(expr)
+    except _BIND_ERRORS as e:
+        return e
+    return None
+
+
+def check_filter(expr: pc.Expression | None, schema: pa.Schema, text: str | None = None) -> None:
+    """Return when `expr` is a condition on rows of `schema`; else raise `InvalidFilterError` naming
+    the column the table lacks, or the column and the value of another type it is compared with.
+    `text`: the filter as the user wrote it (shown instead of the expression)."""
+    if expr is None or (error := _binds(expr, schema)) is None:
+        return
+    shown = repr(text) if text is not None else str(expr)
+    try:
+        nodes = list(_walk(decode(expr)))
+    except ValueError:  # an expression the decoder does not know: Arrow's message only
+        nodes = []
+    unknown = sorted({n.name for n in nodes if isinstance(n, Field)} - set(schema.names))
+    if unknown:
+        raise InvalidFilterError(
+            f"filter {shown} names column {', '.join(map(repr, unknown))}, which the table does not "
+            f"have (columns: {', '.join(schema.names)})"
+        )
+    for node in nodes:
+        if not isinstance(node, Call):
+            continue
+        found = _field_literal(node)
+        column, value = (found[1], found[2].value) if found else (None, None)
+        if found is None and (values := _set_values(node)) is not None and isinstance(node.args[0], Field):
+            column, value = node.args[0], values[0]
+        if column is not None and _binds(to_expression(node), schema) is not None:
+            column_type = schema.field(column.name).type
+            raise InvalidFilterError(
+                f"filter {shown} compares column {column.name!r} ({column_type}) with {value!r}, which "
+                f"is not of the column's type: compare it with a value of type {column_type}"
+            )
+    raise InvalidFilterError(f"filter {shown} is not a condition on the table's rows: {error}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,8 +34,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df._pools import shared_pool
 from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import InvalidRegionSpecError, NonKeyRegionColumnError, RegionRoutingError
+from memwal_df.intexpr import Evaluator, as_array, compile_int_expression
 from memwal_df.murmur3 import is_hashable, murmur3_32_spark, murmur3_multi
 
 __all__ = [
@@ -640,19 +642,37 @@ def _unquoted(sql: str) -> str:
     return "".join(out)
 
 
+_EXPRESSION_THREAD = "region-expressions"
+
+
+def _on_expression_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` run on the one thread that does every DataFusion call of region expressions.
+
+    A DataFusion call blocks on DataFusion's runtime, which panics on a thread that is already
+    driving it: a scan or table-function callback of a SQL query that prunes regions. The dedicated
+    thread never drives that runtime, so region expressions evaluate the same way (and give the
+    same region values) inside and outside a query.
+    """
+    if threading.current_thread().name.startswith(f"memwal-{_EXPRESSION_THREAD}"):
+        return fn(*args)
+    return shared_pool(_EXPRESSION_THREAD, 1).submit(fn, *args).result()
+
+
 class _CompiledExpression:
     """A region expression planned for one input schema, with type-exact murmur3 UDFs.
 
     DataFusion Python UDFs have one exact signature and DataFusion silently widens arguments to
     it (an int32 column reaches an int64 UDF as int64, changing its hash). So each
     ``murmur3(...)`` / ``murmur3_multi(...)`` call is rewritten to a UDF registered for the exact
-    types of its arguments.
+    types of its arguments. Build and evaluate it through `_on_expression_thread`.
     """
 
     def __init__(self, sql: str, schema: pa.Schema) -> None:
-        from datafusion import SessionContext
+        from datafusion import SessionConfig, SessionContext
 
-        self.ctx = SessionContext()
+        # one partition: the plan runs inline in the calling thread, with no task of its own to
+        # schedule on DataFusion's runtime
+        self.ctx = SessionContext(SessionConfig().with_target_partitions(1))
         self.schema = schema
         self._udfs: dict[tuple[str, tuple[pa.DataType, ...]], str] = {}
         self._empty = pa.RecordBatch.from_pylist([], schema=schema)
@@ -728,13 +748,18 @@ class Expression(Transform):
     """A DataFusion SQL expression over ``col0``, ``col1``, ... (spec "Region Expression").
 
     ``murmur3(x)`` and ``murmur3_multi(x, y, ...)`` are available and hash exactly like the bucket
-    transforms (NULL in, NULL out). Volatile functions (now(), random(), ...) are rejected.
+    transforms (NULL in, NULL out). Volatile functions (now(), random(), ...) are rejected. Integer
+    arithmetic and hashes (`memwal_df.intexpr`) are evaluated with pyarrow, the rest by DataFusion on
+    its own thread: both give DataFusion's values, inside a query's callbacks as outside.
     """
 
     sql: str
     name: ClassVar[str] = "expression"
     arity: ClassVar[int | None] = None
     _cache: dict[tuple[pa.DataType, ...], _CompiledExpression] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    _fast: dict[tuple[pa.DataType, ...], Evaluator | None] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, compare=False, repr=False)
@@ -754,7 +779,7 @@ class Expression(Transform):
             if hit is None:
                 schema = pa.schema([(f"col{i}", t) for i, t in enumerate(key)])
                 try:
-                    hit = _CompiledExpression(self.sql, schema)
+                    hit = _on_expression_thread(_CompiledExpression, self.sql, schema)
                 except InvalidRegionSpecError:
                     raise
                 except Exception as e:  # DataFusion reports planning errors as plain Exception
@@ -772,11 +797,24 @@ class Expression(Transform):
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return self.compile(source_types).out_type
 
+    def vectorized(self, source_types: Sequence[pa.DataType]) -> Evaluator | None:
+        """The expression compiled to pyarrow for these source types (cached), None when it is
+        outside `memwal_df.intexpr`'s subset and DataFusion evaluates it."""
+        key = tuple(source_types)
+        with self._lock:
+            if key not in self._fast:
+                self._fast[key] = compile_int_expression(self.sql, key)
+            return self._fast[key]
+
     def apply(self, arrays: Sequence[pa.Array], num_rows: int | None = None) -> pa.Array:
         cols = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+        fast = self.vectorized([a.type for a in cols])
+        if fast is not None:
+            n = len(cols[0]) if cols else num_rows or 0
+            return as_array(fast(cols, n), n)
         compiled = self.compile([a.type for a in cols])
         batch = pa.RecordBatch.from_arrays(cols, schema=compiled.schema)
-        return compiled.evaluate(batch)
+        return _on_expression_thread(compiled.evaluate, batch)
 
     def __str__(self) -> str:
         return f"expression[{self.sql}]"

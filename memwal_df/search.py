@@ -94,13 +94,11 @@ class SearchOptions:
             )
         return cls(**options)
 
-    def filter_expression(self) -> pc.Expression | None:
-        if not self.filter:
-            return None
-        try:
-            return parse_filter(self.filter)
-        except ValueError as e:
-            raise InvalidConfigError(f"search filter {self.filter!r}: {e}") from None
+    def filter_expression(self, schema: pa.Schema) -> pc.Expression | None:
+        """The filter as an expression over `schema` (the table's); `InvalidFilterError` (an
+        `InvalidConfigError`) when it does not parse, names an unknown column or compares a column
+        with a value of another type."""
+        return parse_filter(self.filter, schema) if self.filter else None
 
 
 VECTOR_OPTIONS = frozenset({"nprobes", "refine_factor", "metric", "filter"})
@@ -138,7 +136,7 @@ class _Setup:
 
 
 def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
-    flt = options.filter_expression()
+    flt = options.filter_expression(table.schema)
     snapshot = take_snapshot(table.table, table.consistency, table.writer)  # type: ignore[arg-type]
     regions = list(prune_regions(snapshot, table.table.specs, column_predicates(flt)))
     return _Setup(snapshot, regions, flt)

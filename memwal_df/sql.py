@@ -17,6 +17,10 @@ Functions:
 Search results are computed when DataFusion plans the query (table functions are evaluated then)
 and are ordinary relations: they can be filtered, joined and ordered.
 
+Errors: DataFusion hands an exception raised inside SQL (in a table function or a scan) to Python as
+a plain error whose text names the original; `query(ctx, sql)` runs a query and raises the
+memwal_df error with its own type (`memwal_df.errors.unwrap` does it for an error already caught).
+
 See docs/search.md.
 """
 
@@ -32,7 +36,7 @@ from datafusion import Expr, Table, udtf
 
 from memwal_df._pools import shared_pool
 from memwal_df.dataset import MemWalTable
-from memwal_df.errors import InvalidConfigError
+from memwal_df.errors import InvalidConfigError, TableNotRegisteredError, unwrap
 from memwal_df.exec.base import ExecNode
 from memwal_df.search import plan_fts, plan_vector_search
 from memwal_df.sqlexpr import parse_filter
@@ -68,11 +72,31 @@ def register(ctx: datafusion.SessionContext) -> datafusion.SessionContext:
     return ctx
 
 
+def query(ctx: datafusion.SessionContext, sql: str) -> pa.Table:
+    """The result of `sql` on `ctx` as an Arrow table. A memwal_df error raised inside the query
+    (a table function's bad argument, a scan that fails) is raised with its own type, e.g.
+    `InvalidConfigError`; DataFusion's own errors are raised as DataFusion raises them."""
+    try:
+        return ctx.sql(sql).to_arrow_table()
+    except Exception as e:  # DataFusion raises plain ValueError / Exception
+        typed = unwrap(e)
+        if typed is e:
+            raise
+        raise typed from e
+
+
 def memwal_table(ctx: datafusion.SessionContext, name: str) -> MemWalTable:
     """The MemWalTable registered under `name` in a context prepared by `register`."""
-    tables: dict[str, MemWalTable] = getattr(ctx, _REGISTRY_ATTR, {})
+    return _registered(getattr(ctx, _REGISTRY_ATTR, {}), name, "memwal_table")
+
+
+def _registered(tables: dict[str, MemWalTable], name: Any, function: str) -> MemWalTable:
+    """The table registered as `name`; `TableNotRegisteredError` naming it otherwise."""
     if name not in tables:
-        raise KeyError(f"no MemWAL table named {name!r} is registered (call memwal_df.register(ctx) first)")
+        raise TableNotRegisteredError(
+            f"{function}: no MemWAL table named {name!r} is registered in this context (register it "
+            "with ctx.register_table(name, MemWalTable(...)) after memwal_df.register(ctx))"
+        )
     return tables[name]
 
 
@@ -82,11 +106,9 @@ def _literal(arg: Any) -> Any:
 
 
 def _explain(tables: dict[str, MemWalTable], name_arg: Any, filter_arg: Any) -> Table:
-    name = _literal(name_arg)
-    if name not in tables:
-        raise KeyError(f"memwal_explain: no MemWAL table named {name!r} is registered")
+    table = _registered(tables, _literal(name_arg), "memwal_explain")
     text = _literal(filter_arg) if filter_arg is not None else None
-    lines = tables[name].explain(parse_filter(text) if text else None).splitlines()
+    lines = table.explain(parse_filter(text, table.schema) if text else None).splitlines()
     return Table(pds.dataset(pa.table({"line": pa.array(lines, pa.string())})))
 
 
@@ -98,13 +120,12 @@ def _search_plan(tables: dict[str, MemWalTable], function: str, args: tuple[Any,
         raise InvalidConfigError(f"no search function {function!r}; expected one of {sorted(_PLANNERS)}")
     if len(args) not in (4, 5):
         raise InvalidConfigError(f"{function}(table, column, query, k [, options]) takes 4 or 5 arguments")
-    name, column, query, k, *rest = (_literal(a) for a in args)
-    if name not in tables:
-        raise KeyError(f"{function}: no MemWAL table named {name!r} is registered")
+    name, column, search_query, k, *rest = (_literal(a) for a in args)
+    table = _registered(tables, name, function)
     options = rest[0] if rest else None
     if options is not None and not isinstance(options, dict):
         raise InvalidConfigError(f"{function}: options must be a named_struct, not {options!r}")
-    return _PLANNERS[function](tables[name], column, query, k, options)
+    return _PLANNERS[function](table, column, search_query, k, options)
 
 
 def _search(tables: dict[str, MemWalTable], function: str, args: tuple[Any, ...]) -> Table:

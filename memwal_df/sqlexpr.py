@@ -8,8 +8,11 @@ operand | IS [NOT] NULL]`; `operand := column | literal | (expr)`. Literals: int
 'strings' ('' escapes a quote), TRUE, FALSE, NULL, DATE 'yyyy-mm-dd', TIMESTAMP '…'. Columns: names
 or "quoted names".
 
-Guarantees: anything outside the grammar raises `ValueError` naming the position; a parsed filter
-means what DataFusion's SQL means for these forms.
+Guarantees: anything outside the grammar raises `InvalidFilterError` (a `ValueError`) naming the
+position; a parsed filter means what DataFusion's SQL means for these forms. Given the table's
+schema, a filter naming a column the table lacks, or comparing a column with a value of a type it
+cannot be compared with, raises `InvalidFilterError` naming the column and the value
+(`memwal_df.predicate.check_filter`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from memwal_df.errors import InvalidFilterError
+from memwal_df.predicate import check_filter
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -42,9 +48,12 @@ _COMPARE = {
 }
 
 
-def parse_filter(text: str) -> pc.Expression:
-    """The pyarrow expression of a SQL predicate."""
-    return _Parser(text).parse()
+def parse_filter(text: str, schema: pa.Schema | None = None) -> pc.Expression:
+    """The pyarrow expression of a SQL predicate, checked against `schema` when given."""
+    expr = _Parser(text).parse()
+    if schema is not None:
+        check_filter(expr, schema, text)
+    return expr
 
 
 class _Parser:
@@ -57,7 +66,9 @@ class _Parser:
                 break
             m = _TOKEN.match(text, pos)
             if m is None or m.end() == pos:
-                raise ValueError(f"cannot read the filter at position {pos}: {text[pos : pos + 20]!r}")
+                raise InvalidFilterError(
+                    f"cannot read the filter at position {pos}: {text[pos : pos + 20]!r}"
+                )
             kind = m.lastgroup or ""
             self.tokens.append((kind, m.group(kind), m.start(kind)))
             pos = m.end()
@@ -84,10 +95,10 @@ class _Parser:
             return tok[1]
         return None
 
-    def _fail(self, what: str) -> ValueError:
+    def _fail(self, what: str) -> InvalidFilterError:
         tok = self._peek()
         where = f"position {tok[2]} ({tok[1]!r})" if tok else "the end"
-        return ValueError(f"expected {what} at {where} in filter {self.text!r}")
+        return InvalidFilterError(f"expected {what} at {where} in filter {self.text!r}")
 
     # -- grammar
 
@@ -127,7 +138,12 @@ class _Parser:
                 values.append(self._literal())
             if self._op(")") is None:
                 raise self._fail("')'")
-            expr = left.isin([v for v in values if v is not None])
+            try:
+                expr = left.isin([v for v in values if v is not None])
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise InvalidFilterError(
+                    f"filter {self.text!r} compares {left} with values of different types {values}: {e}"
+                ) from None
             if not negate:
                 return expr
             # SQL: NULL NOT IN (...) is NULL, and x NOT IN (..., NULL) is never true

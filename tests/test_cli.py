@@ -247,7 +247,17 @@ def test_maintain_and_recover(capsys, tmp_path):
         (["sql", "-t", "1x={table}", "SELECT 1"], Exit.USAGE, "SQL identifier"),
         (["status", "{table}", "-o", "novalue"], Exit.USAGE, "KEY=VALUE"),
         (["explain", "{table}", "id ="], Exit.USAGE, "expected a column or a value"),
-        (["explain", "{table}", "nope = 1"], Exit.USAGE, "columns the table lacks: ['nope']"),
+        (
+            ["explain", "{table}", "nope = 1"],
+            Exit.USAGE,
+            "names column 'nope', which the table does not have",
+        ),
+        (["explain", "{table}", "v = 'x'"], Exit.USAGE, "compares column 'v' (double) with 'x'"),
+        (
+            ["sql", "-t", "{table}", "SELECT * FROM memwal_explain('t', 'v = ''x''')"],
+            Exit.SQL,
+            "InvalidFilterError: filter \"v = 'x'\" compares column 'v' (double) with 'x'",
+        ),
         (["explain", "{table}", "--columns", "id,nope"], Exit.USAGE, "no such columns"),
         (["gc", "{table}", "--grace", "-1"], Exit.USAGE, "--grace"),
         (["maintain", "{table}", "--rounds", "0"], Exit.USAGE, "--rounds"),

@@ -8,6 +8,7 @@ import datafusion
 import pyarrow as pa
 import pytest
 
+from memwal_df.errors import InvalidFilterError
 from memwal_df.sqlexpr import parse_filter
 
 TABLE = pa.table(
@@ -63,3 +64,42 @@ def test_parse_filter_selects_what_datafusion_selects(sql):
 def test_malformed_filters_raise_value_error(bad):
     with pytest.raises(ValueError):
         parse_filter(bad)
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "id =", "id = 3 extra", "id IN 1, 2", "id LIKE 'a%'", "id = 'x", "(id = 1"]
+)
+def test_malformed_filters_raise_invalid_filter_error(bad):
+    with pytest.raises(InvalidFilterError, match="filter"):
+        parse_filter(bad, TABLE.schema)
+
+
+@pytest.mark.parametrize("sql", FILTERS)
+def test_every_supported_filter_passes_the_schema_check(sql):
+    assert parse_filter(sql, TABLE.schema).equals(parse_filter(sql))
+
+
+@pytest.mark.parametrize(
+    ("sql", "words"),
+    [
+        ("nope = 1", "names column 'nope', which the table does not have"),
+        ('"no such" IS NULL', "names column 'no such'"),
+        ("id = 1 OR nope > 2", "names column 'nope'"),
+        ("name = 5", "compares column 'name' (string) with 5"),
+        ("5 < name", "compares column 'name' (string) with 5"),
+        ("id = 'x'", "compares column 'id' (int64) with 'x'"),
+        ("id IN (1, 'x')", "compares id with values of different types [1, 'x']"),
+        ("id IN ('x', 'y')", "compares column 'id' (int64) with ['x', 'y']"),
+        ("name NOT IN (1, 2)", "compares column 'name' (string) with [1, 2]"),
+        ("name BETWEEN 1 AND 'z'", "compares column 'name' (string) with 1"),
+        ("day = 3", "compares column 'day' (date32[day]) with 3"),
+        ("flag = 'yes'", "compares column 'flag' (bool) with 'yes'"),
+        ("id = name", "is not a condition on the table's rows"),
+        ("id", "is not a condition on the table's rows"),
+    ],
+)
+def test_filters_that_do_not_fit_the_schema_name_the_column_and_value(sql, words):
+    with pytest.raises(InvalidFilterError) as raised:
+        parse_filter(sql, TABLE.schema)
+    assert words in str(raised.value)
+    assert isinstance(raised.value, ValueError)

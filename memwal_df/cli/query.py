@@ -15,10 +15,10 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 
+from memwal_df import errors
 from memwal_df.cli import _common as c
 from memwal_df.dataset import MemWalTable
 from memwal_df.errors import InvalidArgumentError
-from memwal_df.predicate import referenced_columns
 from memwal_df.sql import register as register_functions
 from memwal_df.sqlexpr import parse_filter
 from memwal_df.table import open_table
@@ -103,6 +103,9 @@ def run_query(ctx: Any, sql: str) -> pa.Table:
 
 def sql_message(e: BaseException) -> str:
     """DataFusion's message, with a wrapped Python error shown as `Type: message`."""
+    typed = errors.unwrap(e)
+    if typed is not e:
+        return f"{type(typed).__name__}: {typed}"
     text = str(e)
     m = re.search(r"PyErr \{ type: <class '([\w.]+)'>, value: \w+\((.*?)\), traceback", text, flags=re.S)
     if m:
@@ -152,18 +155,14 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _filter(text: str | None, schema: pa.Schema) -> Any:
-    """The filter text as a pyarrow expression; InvalidArgumentError if it does not parse or reads
-    columns the table lacks."""
+    """The filter text as a pyarrow expression; InvalidArgumentError if it does not parse, reads a
+    column the table lacks or compares a column with a value of another type."""
     if not text:
         return None
     try:
-        expr = parse_filter(text)
+        return parse_filter(text, schema)
     except ValueError as e:
         raise InvalidArgumentError(str(e)) from None
-    unknown = sorted(referenced_columns(expr) - set(schema.names))
-    if unknown:
-        raise InvalidArgumentError(f"the filter reads columns the table lacks: {unknown}")
-    return expr
 
 
 class Shell:

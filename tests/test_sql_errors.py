@@ -1,0 +1,230 @@
+"""Errors raised inside SQL reach Python with their memwal_df type: through `memwal_df.query` and
+through `memwal_df.errors.unwrap` of the error DataFusion raises, for every documented error of the
+SQL functions and for a scan that fails while it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datafusion
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import memwal_df as mw
+from memwal_df import errors, layout
+from memwal_df.errors import (
+    CorruptManifestError,
+    InvalidConfigError,
+    InvalidFilterError,
+    MissingGenerationError,
+    TableNotRegisteredError,
+)
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("category", pa.string()),
+        ("text", pa.string()),
+        ("vec", pa.list_(pa.float32(), 2)),
+    ]
+)
+VS = "vector_search('t', 'vec', [1.0, 2.0], 3"
+
+
+def _rows(ids: range) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {"id": i, "category": "ab"[i % 2], "text": f"word{i % 3} text", "vec": [float(i), 2.0]}
+            for i in ids
+        ],
+        schema=SCHEMA,
+    )
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> mw.Table:
+    return _make_table(str(tmp_path / "t"), None)
+
+
+def _make_table(uri: str, storage_options: dict[str, str] | None) -> mw.Table:
+    t = mw.create_table(uri, SCHEMA, "id", region_spec=mw.bucket("id", 2), storage_options=storage_options)
+    with t.writer() as w:
+        w.put(_rows(range(20)))
+        w.flush()
+        t.merge()
+        w.put(_rows(range(10, 30)))
+        w.flush()
+    return t
+
+
+@pytest.fixture
+def ctx(table: mw.Table) -> datafusion.SessionContext:
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", mw.MemWalTable(table))
+    return ctx
+
+
+# (query, error type, words the message names)
+DOCUMENTED = [
+    (f"SELECT * FROM {VS.replace(', 3', ', 0')})", InvalidConfigError, "k must be a positive integer"),
+    ("SELECT * FROM vector_search('t', 'vec', [1.0, 2.0, 3.0], 3)", InvalidConfigError, "finite numbers"),
+    ("SELECT * FROM vector_search('t', 'vec', [1.0, 'NaN'], 3)", InvalidConfigError, "finite numbers"),
+    (f"SELECT * FROM {VS}, named_struct('nprobe', 3))", InvalidConfigError, "unknown option"),
+    (
+        f"SELECT * FROM {VS}, named_struct('metric', 'hamming'))",
+        InvalidConfigError,
+        "unknown metric 'hamming'",
+    ),
+    (f"SELECT * FROM {VS}, named_struct('nprobes', -1))", InvalidConfigError, "nprobes must be a positive"),
+    (f"SELECT * FROM {VS}, named_struct('refine_factor', 0))", InvalidConfigError, "refine_factor must be"),
+    (
+        f"SELECT * FROM {VS}, named_struct('filter', 'id ='))",
+        InvalidFilterError,
+        "expected a column or a value",
+    ),
+    (f"SELECT * FROM {VS}, named_struct('filter', 'nope = 5'))", InvalidFilterError, "column 'nope'"),
+    (
+        f"SELECT * FROM {VS}, named_struct('filter', 'category = 5'))",
+        InvalidFilterError,
+        "'category' (string) with 5",
+    ),
+    ("SELECT * FROM vector_search('t', 'text', [1.0, 2.0], 3)", InvalidConfigError, "not a fixed-size list"),
+    ("SELECT * FROM vector_search('t', 'nope', [1.0, 2.0], 3)", InvalidConfigError, "no column 'nope'"),
+    (f"SELECT * FROM {VS}, 7)", InvalidConfigError, "options must be a named_struct"),
+    ("SELECT * FROM vector_search('t', 'vec')", InvalidConfigError, "takes 4 or 5 arguments"),
+    ("SELECT * FROM vector_search('u', 'vec', [1.0, 2.0], 3)", TableNotRegisteredError, "table named 'u'"),
+    ("SELECT * FROM fts('t', 'text', 'word1', 0)", InvalidConfigError, "k must be a positive integer"),
+    ("SELECT * FROM fts('t', 'id', 'word1', 3)", InvalidConfigError, "'id' is not a string column"),
+    ("SELECT * FROM fts('t', 'text', 5, 3)", InvalidConfigError, "query must be a string"),
+    (
+        "SELECT * FROM fts('t', 'text', 'word1', 3, named_struct('filter', 'id = ''x'''))",
+        InvalidFilterError,
+        "'id' (int64) with 'x'",
+    ),
+    ("SELECT * FROM fts('u', 'text', 'word1', 3)", TableNotRegisteredError, "table named 'u'"),
+    ("SELECT * FROM memwal_explain('t', 'nope IN (1, 2)')", InvalidFilterError, "column 'nope'"),
+    (
+        "SELECT * FROM memwal_explain('t', 'id BETWEEN ''a'' AND 5')",
+        InvalidFilterError,
+        "'id' (int64) with 'a'",
+    ),
+    ("SELECT * FROM memwal_explain('t', 'id = = 1')", InvalidFilterError, "expected a value at position 5"),
+    ("SELECT * FROM memwal_explain('u')", TableNotRegisteredError, "table named 'u'"),
+    ("SELECT * FROM memwal_explain_search('knn', 't', 'vec', [1.0, 2.0], 3)", InvalidConfigError, "'knn'"),
+]
+
+
+@pytest.mark.parametrize(("sql", "error", "words"), DOCUMENTED)
+def test_documented_errors_are_typed_through_sql(
+    ctx: datafusion.SessionContext, sql: str, error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error) as raised:
+        mw.query(ctx, sql)
+    assert words in str(raised.value)
+    assert "Traceback" not in str(raised.value)
+    with pytest.raises(Exception) as plain:  # DataFusion's own error: the type is text only
+        ctx.sql(sql).to_arrow_table()
+    assert not isinstance(plain.value, error)
+    typed = errors.unwrap(plain.value)
+    assert type(typed) is error and str(typed) == str(raised.value)
+
+
+def test_unsupported_tokenizer_is_typed_through_sql(table: mw.Table, ctx: datafusion.SessionContext) -> None:
+    lance.dataset(table.uri).create_scalar_index("text", "INVERTED", base_tokenizer="ngram")
+    with pytest.raises(InvalidConfigError, match="base_tokenizer=ngram"):
+        mw.query(ctx, "SELECT * FROM fts('t', 'text', 'word1', 3)")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count(*) FROM t",
+        "SELECT * FROM t WHERE id = 25",
+        f"SELECT id FROM {VS})",
+        "SELECT id FROM fts('t', 'text', 'word1', 3)",
+    ],
+)
+def test_unreadable_generation_is_typed_through_sql(
+    table: mw.Table, ctx: datafusion.SessionContext, sql: str
+) -> None:
+    """A generation that exists but cannot be read fails a scan, a lookup and a search alike."""
+    _break_generations(table)
+    with pytest.raises(MissingGenerationError, match="cannot be read"):
+        mw.query(ctx, sql)
+
+
+def _break_generations(table: mw.Table) -> None:
+    for region in table.region_ids():
+        for path in table.storage.list(f"_mem_wal/{region}"):
+            if "_gen_" in path and "/_versions/" in path:
+                table.storage.delete(path)
+
+
+def test_errors_are_typed_through_sql_on_every_backend(
+    table_uri: str, table_storage_options: dict[str, str] | None
+) -> None:
+    table = _make_table(table_uri, table_storage_options)
+    ctx = mw.register(datafusion.SessionContext())
+    ctx.register_table("t", mw.MemWalTable(table))
+    with pytest.raises(InvalidFilterError, match="column 'nope'"):
+        mw.query(ctx, f"SELECT * FROM {VS}, named_struct('filter', 'nope = 1'))")
+    _break_generations(table)
+    with pytest.raises(MissingGenerationError, match="cannot be read"):
+        mw.query(ctx, "SELECT count(*) FROM t")
+
+
+def test_query_returns_results_and_passes_datafusion_errors_through(ctx: datafusion.SessionContext) -> None:
+    assert mw.query(ctx, "SELECT count(*) AS n FROM t").to_pylist() == [{"n": 30}]
+    with pytest.raises(Exception, match="nope") as raised:  # a DataFusion error, not memwal_df's
+        mw.query(ctx, "SELECT * FROM nope")
+    assert not isinstance(raised.value, errors.MemWalError)
+    assert errors.unwrap(raised.value) is raised.value
+
+
+def test_unwrap_rebuilds_errors_with_extra_constructor_arguments() -> None:
+    text = (
+        "External error: PyErr { type: <class 'memwal_df.errors.CorruptWalEntryError'>, "
+        "value: CorruptWalEntryError('truncated entry: _mem_wal/r/wal/1.arrow'), traceback: None }"
+    )
+    typed = errors.unwrap(Exception(text))
+    assert isinstance(typed, errors.CorruptWalEntryError)
+    assert str(typed) == "truncated entry: _mem_wal/r/wal/1.arrow"
+    assert typed.path == "_mem_wal/r/wal/1.arrow"
+    not_ours = "Execution error: PyErr { type: <class 'os.Error'>, value: Error('x'), traceback: None }"
+    assert errors.unwrap(ValueError(not_ours)).args == (not_ours,)
+
+
+@pytest.mark.parametrize(
+    ("flt", "words"),
+    [
+        (pc.field("nope") == 1, "names column 'nope', which the table does not have"),
+        (pc.field("category") == 5, "compares column 'category' (string) with 5"),
+        (pc.field("id").isin(["a", "b"]), "compares column 'id' (int64) with ['a', 'b']"),
+        (pc.field("id"), "is not a condition on the table's rows"),
+    ],
+)
+def test_python_filters_get_the_same_typed_errors(table: mw.Table, flt: pc.Expression, words: str) -> None:
+    """MemWalTable.to_table / explain check a pyarrow filter as SQL text filters are checked: the
+    error names the unknown column, or the column and the value of another type."""
+    reader = mw.MemWalTable(table)
+    for call in (lambda: reader.to_table(filter=flt), lambda: reader.explain(flt)):
+        with pytest.raises(InvalidFilterError) as raised:
+            call()
+        assert words in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "sql", ["SELECT * FROM t", f"SELECT id FROM {VS})", "SELECT * FROM fts('t', 'text', 'word1', 3)"]
+)
+def test_corrupt_region_manifest_is_typed_through_sql_with_its_path(
+    table: mw.Table, ctx: datafusion.SessionContext, sql: str
+) -> None:
+    region = table.region_ids()[0]
+    path = layout.manifest_path(region, table.region_status(region).manifest_version)
+    data = table.storage.get(path)
+    table.storage.put(path, data[: len(data) // 2])
+    with pytest.raises(CorruptManifestError) as raised:
+        mw.query(ctx, sql)
+    assert raised.value.path == path
