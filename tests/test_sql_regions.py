@@ -14,6 +14,7 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 import pytest
+from lance_made import foreign_spec_table
 
 import memwal_df as mw
 
@@ -31,7 +32,10 @@ T0 = dt.datetime(2023, 12, 25, 7)
 WORDS = ["red", "green", "blue"]
 
 # name -> (primary key, region spec); spec columns are key columns except the date parts, whose
-# timestamp column cannot be a Lance 14 key: there `ts` is fixed per key, so a key keeps its region
+# timestamp column cannot be a Lance 14 key: memwal_df refuses to create such a spec, so those tables
+# are made outside it (`foreign_spec_table`) and written with the opt-in; `ts` is fixed per key, so a
+# key keeps its region
+DATE_PARTS = ("year", "month", "day", "hour")
 SPECS: dict[str, tuple[list[str], Any]] = {
     "identity": (["cat", "id"], mw.identity("cat")),
     "bucket": (["id"], mw.bucket("id", 4)),
@@ -70,10 +74,14 @@ class Model:
 
     def __init__(self, uri: str, name: str, storage_options: dict[str, str] | None = None) -> None:
         pk, spec = SPECS[name]
-        self.table = mw.create_table(uri, SCHEMA, pk, region_spec=spec, storage_options=storage_options)
-        self.writer = self.table.writer()
+        if name in DATE_PARTS:
+            self.table = foreign_spec_table(uri, SCHEMA.empty_table(), "id", spec, storage_options)
+            self.writer = self.table.writer(allow_non_key_region_columns=True)
+        else:
+            self.table = mw.create_table(uri, SCHEMA, pk, region_spec=spec, storage_options=storage_options)
+            self.writer = self.table.writer()
         self.rows: dict[int, dict[str, Any]] = {}
-        self.keys_only = "id" in pk and name not in ("year", "month", "day", "hour")
+        self.keys_only = "id" in pk and name not in DATE_PARTS
         self.ctx = mw.register(datafusion.SessionContext())
         self.ctx.register_table("t", mw.MemWalTable(self.table, writer=self.writer))
 
