@@ -90,7 +90,6 @@ class Table:
             )
         self.dataset = ds
         self._opened_version = ds.version
-        self._naming = memwal_index.naming_of(self.storage, ds.version)
         self._session = ds.session()
         self.details = found[0]
         pk = memwal_index.primary_key(ds.schema)
@@ -101,20 +100,20 @@ class Table:
         self.data_storage_version = ds.data_storage_version
 
     def sync(self) -> None:
-        """`refresh()` if the base table has a version newer than the open one (one probe: a Lance
-        version never changes once written, so an unchanged number means unchanged state), or if a
-        commit through `self.dataset` itself (e.g. its `delete`) moved that object to another version
-        in place: readers keep per-object state (key maps, open fragment sessions) that holds for
-        the version the object was opened at, so a moved object is replaced by a new one."""
+        """`refresh()` unless the open version is still the base table's latest (a Lance version
+        never changes once written, so an unchanged number means unchanged state), or if a commit
+        through `self.dataset` itself (e.g. its `delete`) moved that object to another version in
+        place: readers keep per-object state (key maps, open fragment sessions) that holds for the
+        version the object was opened at, so a moved object is replaced by a new one."""
         if self.dataset.version != self._opened_version or not self.is_latest(self.dataset.version):
             self.refresh()
 
     def is_latest(self, version: int) -> bool:
-        """Whether `version` (the open one, or older) is the base table's latest version: whether
-        version + 1 has no manifest (a HEAD of one path)."""
-        if self._naming is None or version != self.dataset.version:
-            return memwal_index.latest_version(self.storage) == version
-        return not memwal_index.has_successor(self.storage, version, self._naming)
+        """Whether `version` is the base table's latest version, as Lance resolves the latest version
+        to open a table: one listing of `_versions/` (on object stores its first page, where V2
+        names sort newest first; locally one directory read). Never inferred from a missing
+        version + 1: version cleanup deletes old versions while newer ones exist."""
+        return self.dataset.latest_version == version
 
     def maintained_indexes(self) -> tuple[MaintainedIndex, ...]:
         """The maintained indexes resolved against the latest base version (once per version)."""
