@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import datafusion
@@ -22,6 +23,9 @@ from figures import case_name, record
 from search_oracle import make_rows
 
 import memwal_df as mw
+from memwal_df.manifest import RegionManifestStore
+from memwal_df.snapshot import _latest_manifest
+from memwal_df.storage import LocalStorage
 
 GUARANTEE = "reader freshness"
 ZERO = timedelta(0)
@@ -107,3 +111,39 @@ def test_a_registered_table_stays_fresh_across_maintain_rounds(
             _write(jobs, model, rng, seed=200 + round_)  # flushed, not merged
             checked += _check(ctx, model, latest, rng)
     record(GUARANTEE, case_name(request), rounds=ROUNDS, rows_checked=checked)
+
+
+class _CollectAfterHead(LocalStorage):
+    """The table's directory, where garbage collection runs right after the answer to the first
+    HEAD of `trigger`: it deletes `doomed`, in ascending order as GC does."""
+
+    def __init__(self, root: str, trigger: str, doomed: list[str]) -> None:
+        super().__init__(root, root)
+        self.trigger, self.doomed = trigger, doomed
+
+    def head(self, path: str) -> int | None:
+        answer = super().head(path)
+        if path == self.trigger:
+            self.trigger = ""
+            for p in self.doomed:
+                self.delete(p)
+        return answer
+
+
+def test_a_known_region_manifest_is_reused_only_while_it_is_the_latest(tmp_path: Path) -> None:
+    """A region manifest a reader read before (version v) is not taken for the latest when garbage
+    collection deletes v and v + 1 while the reader checks it: the reader gets the newest version."""
+    uri = str(tmp_path / "t")
+    table = mw.create_table(uri, make_rows([0], seed=1), "id", region_spec=mw.unsharded())
+    for i in range(3):
+        with table.writer() as w:
+            w.put(make_rows([i], seed=i))
+    (region,) = table.region_ids()
+    store = RegionManifestStore(table.storage, region)
+    newest = store.latest()
+    assert newest is not None and newest.version >= 3
+    v = newest.version - 2
+    known = store.read(v)
+    racing = _CollectAfterHead(table.storage.root, store.path(v), [store.path(v), store.path(v + 1)])
+    got = _latest_manifest(RegionManifestStore(racing, region), known)
+    assert got is not None and got.version == newest.version
