@@ -25,7 +25,7 @@ test-spark: $(STAMP)
 	$(BIN)/python -m pytest -q -m spark
 
 # The reliability tests, default sample and slow cases, then docs/guarantees.md from their figures.
-RELIABILITY := tests/test_crash.py tests/test_crash_jobs.py tests/test_faults.py tests/test_bad_input.py tests/test_load.py
+RELIABILITY := tests/test_crash.py tests/test_crash_jobs.py tests/test_faults.py tests/test_bad_input.py tests/test_load.py tests/test_reader_freshness.py
 reliability: $(STAMP)
 	MEMWAL_FIGURES=build/reliability.json $(BIN)/python -m pytest -q -m "not spark" $(RELIABILITY)
 	$(BIN)/python scripts/guarantees.py build/reliability.json docs/guarantees.md

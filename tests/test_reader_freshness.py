@@ -130,7 +130,9 @@ class _CollectAfterHead(LocalStorage):
         return answer
 
 
-def test_a_known_region_manifest_is_reused_only_while_it_is_the_latest(tmp_path: Path) -> None:
+def test_a_known_region_manifest_is_reused_only_while_it_is_the_latest(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """A region manifest a reader read before (version v) is not taken for the latest when garbage
     collection deletes v and v + 1 while the reader checks it: the reader gets the newest version."""
     uri = str(tmp_path / "t")
@@ -147,3 +149,4 @@ def test_a_known_region_manifest_is_reused_only_while_it_is_the_latest(tmp_path:
     racing = _CollectAfterHead(table.storage.root, store.path(v), [store.path(v), store.path(v + 1)])
     got = _latest_manifest(RegionManifestStore(racing, region), known)
     assert got is not None and got.version == newest.version
+    record(GUARANTEE, case_name(request), races=1)
