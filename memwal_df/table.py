@@ -29,6 +29,7 @@ from memwal_df.errors import (
     NotFoundError,
     RegionRoutingError,
     SchemaMismatchError,
+    StorageError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -112,8 +113,14 @@ class Table:
         """Whether `version` is the base table's latest version, as Lance resolves the latest version
         to open a table: one listing of `_versions/` (on object stores its first page, where V2
         names sort newest first; locally one directory read). Never inferred from a missing
-        version + 1: version cleanup deletes old versions while newer ones exist."""
-        return self.dataset.latest_version == version
+        version + 1: version cleanup deletes old versions while newer ones exist. Raises
+        `StorageError` when the versions cannot be listed."""
+        try:
+            latest = self.dataset.latest_version
+        except (OSError, ValueError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise StorageError(f"cannot find the latest version of the table at {self.uri}: {first}") from e
+        return latest == version
 
     def maintained_indexes(self) -> tuple[MaintainedIndex, ...]:
         """The maintained indexes resolved against the latest base version (once per version)."""

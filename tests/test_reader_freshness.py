@@ -11,6 +11,8 @@ every write; `consistency="snapshot"` too (the MemWAL index snapshot of the late
 from __future__ import annotations
 
 import random
+import re
+import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from figures import case_name, record
 from search_oracle import make_rows
 
 import memwal_df as mw
+from memwal_df.errors import StorageError
 from memwal_df.manifest import RegionManifestStore
 from memwal_df.snapshot import _latest_manifest
 from memwal_df.storage import LocalStorage
@@ -150,3 +153,16 @@ def test_a_known_region_manifest_is_reused_only_while_it_is_the_latest(
     got = _latest_manifest(RegionManifestStore(racing, region), known)
     assert got is not None and got.version == newest.version
     record(GUARANTEE, case_name(request), races=1)
+
+
+def test_a_reader_of_a_removed_table_gets_a_typed_error(tmp_path: Path) -> None:
+    """When the base table's versions can no longer be listed (the table was removed), the next
+    freshness check raises `StorageError` naming the table instead of reading a version it cannot
+    know is the latest."""
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, make_rows([0, 1], seed=1), "id", region_spec=mw.bucket("id", 2))
+    reader = mw.MemWalTable(uri)
+    assert reader.to_table().num_rows == 2
+    shutil.rmtree(uri)
+    with pytest.raises(StorageError, match=re.escape(uri)):
+        reader.to_table()
