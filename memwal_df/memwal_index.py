@@ -20,7 +20,6 @@ Writes go through Lance's own commit path (`initialize_mem_wal`, or `LanceDatase
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 import struct
 import uuid
@@ -57,14 +56,12 @@ ManifestNaming = Literal["v1", "v2"]
 """`v1`: `_versions/{v}.manifest`; `v2` (Lance's default): `_versions/{u64::MAX - v:020}.manifest`."""
 
 VERSIONS_DIR = "_versions"
-VERSION_HINT = f"{VERSIONS_DIR}/latest_version_hint.json"
 
 _U64_MAX = (1 << 64) - 1
 _DETACHED_BIT = 1 << 63  # Lance's detached versions have the top bit set; they are never "latest".
 _FOOTER = struct.Struct("<QHH4s")
 _MAGIC = b"LANC"
 _MANIFEST_NAME = re.compile(r"^(\d+)\.manifest$")
-_MAX_HINT_PROBES = 16  # a hint that far behind is stale enough to list instead
 _MAX_REPAIRS = 5
 
 # ------------------------------------------------------------------------------------------------
@@ -192,42 +189,11 @@ def _parse_manifest_name(name: str) -> tuple[int, ManifestNaming] | None:
     return int(digits), "v1"
 
 
-def _naming_of(storage: Storage, version: int) -> ManifestNaming | None:
-    for naming in ("v2", "v1"):
-        if storage.head(manifest_path(version, naming)) is not None:
-            return naming
-    return None
-
-
-def naming_of(storage: Storage, version: int) -> ManifestNaming | None:
-    """The naming scheme of `version`'s manifest (None if it has none)."""
-    return _naming_of(storage, version)
-
-
-def has_successor(storage: Storage, version: int, naming: ManifestNaming) -> bool:
-    """Whether version + 1 exists, given `version`'s naming: one probe (two for V1 names, which Lance
-    may migrate to V2). Versions are committed one after another and never renumbered, so without a
-    successor `version` is the latest."""
-    schemes: tuple[ManifestNaming, ...] = ("v2",) if naming == "v2" else ("v1", "v2")
-    return any(storage.head(manifest_path(version + 1, n)) is not None for n in schemes)
-
-
 def latest_version(storage: Storage) -> int:
-    """The table's latest version: the version hint, probed forward; a listing of `_versions/` if the
-    hint is missing, unreadable or far behind. Raises `TableNotFoundError` when there is no manifest."""
-    hint: int | None = None
-    try:
-        hint = int(json.loads(storage.get(VERSION_HINT))["version"])
-    except (NotFoundError, ValueError, KeyError, TypeError):
-        hint = None
-    if hint is not None and hint > 0:
-        naming = _naming_of(storage, hint)
-        if naming is not None:
-            version = hint
-            for _ in range(_MAX_HINT_PROBES):
-                if storage.head(manifest_path(version + 1, naming)) is None:
-                    return version
-                version += 1
+    """The table's latest version: the newest manifest a listing of `_versions/` finds (detached
+    versions excluded). Always a listing: no hint or probe past a known version can prove "latest",
+    since version cleanup deletes old versions (a missing version + 1 among them) while newer ones
+    exist. Raises `TableNotFoundError` when there is no manifest."""
     try:
         names = storage.list_dir(VERSIONS_DIR)
     except NotFoundError:

@@ -442,13 +442,16 @@ _LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = Pe
 
 def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
     """The region's latest manifest. A manifest read before (`known`, version v) is still the latest
-    when v still exists and v + 1 does not, and is then returned without reading the hint or the file
-    again: versions are committed one after another (v + 1 only by a writer that read v), and garbage
-    collection deletes old versions in ascending order, so a newer version would leave v + 1 in place
-    or v gone. (Probing only past v would miss a region whose next versions were all collected.)"""
+    when v + 1 does not exist and, checked after that, v still does; it is then returned without
+    reading the hint or the file again. Versions are committed one after another (v + 1 only by a
+    writer that read v), and garbage collection deletes old versions in ascending order: a v + 1
+    missing because it was collected means v was collected before it, so v found afterwards proves
+    that v was the latest when v + 1 was found missing. (The other order of the two probes is not
+    proof: GC may collect v and v + 1 between them. Probing only past v would miss a region whose
+    next versions were all collected.)"""
     if known is not None:
         v = known.version
-        if store.storage.head(store.path(v)) is not None and store.storage.head(store.path(v + 1)) is None:
+        if store.storage.head(store.path(v + 1)) is None and store.storage.head(store.path(v)) is not None:
             return known
     return store.latest()
 

@@ -37,6 +37,7 @@ from memwal_df.errors import (
     NotFoundError,
     RegionRoutingError,
     SchemaMismatchError,
+    StorageError,
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
@@ -103,7 +104,6 @@ class Table:
             )
         self.dataset = ds
         self._opened_version = ds.version
-        self._naming = memwal_index.naming_of(self.storage, ds.version)
         self._session = ds.session()
         self.details = found[0]
         pk = memwal_index.primary_key(ds.schema)
@@ -114,20 +114,26 @@ class Table:
         self.data_storage_version = ds.data_storage_version
 
     def sync(self) -> None:
-        """`refresh()` if the base table has a version newer than the open one (one probe: a Lance
-        version never changes once written, so an unchanged number means unchanged state), or if a
-        commit through `self.dataset` itself (e.g. its `delete`) moved that object to another version
-        in place: readers keep per-object state (key maps, open fragment sessions) that holds for
-        the version the object was opened at, so a moved object is replaced by a new one."""
+        """`refresh()` unless the open version is still the base table's latest (a Lance version
+        never changes once written, so an unchanged number means unchanged state), or if a commit
+        through `self.dataset` itself (e.g. its `delete`) moved that object to another version in
+        place: readers keep per-object state (key maps, open fragment sessions) that holds for the
+        version the object was opened at, so a moved object is replaced by a new one."""
         if self.dataset.version != self._opened_version or not self.is_latest(self.dataset.version):
             self.refresh()
 
     def is_latest(self, version: int) -> bool:
-        """Whether `version` (the open one, or older) is the base table's latest version: whether
-        version + 1 has no manifest (a HEAD of one path)."""
-        if self._naming is None or version != self.dataset.version:
-            return memwal_index.latest_version(self.storage) == version
-        return not memwal_index.has_successor(self.storage, version, self._naming)
+        """Whether `version` is the base table's latest version, as Lance resolves the latest version
+        to open a table: one listing of `_versions/` (on object stores its first page, where V2
+        names sort newest first; locally one directory read). Never inferred from a missing
+        version + 1: version cleanup deletes old versions while newer ones exist. Raises
+        `StorageError` when the versions cannot be listed."""
+        try:
+            latest = self.dataset.latest_version
+        except (OSError, ValueError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise StorageError(f"cannot find the latest version of the table at {self.uri}: {first}") from e
+        return latest == version
 
     def maintained_indexes(self) -> tuple[MaintainedIndex, ...]:
         """The maintained indexes resolved against the latest base version (once per version)."""

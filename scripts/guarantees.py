@@ -92,6 +92,20 @@ GUARANTEES = {
         "writers' logs and merge progress only went forward. Peak RSS (VmHWM) per process is recorded; "
         "writers run with an 8 MiB unflushed-MemTable limit (backpressure)."
     ),
+    "reader freshness": (
+        "A `MemWalTable` registered once in a `SessionContext` (a service embedding DataFusion) reads, "
+        "at every query, the base table's latest version, found by Lance's own latest-version "
+        "resolution (never inferred from a missing version + 1, which version cleanup deletes while "
+        "newer versions exist), and each region's latest manifest. Queried through every read path "
+        "(count, full scan, point lookups, a filter, vector_search, fts, memwal_explain) after each of "
+        "several rounds of writes, merge, index build, cleanup of every base version but the latest "
+        "and GC without a grace period, on local storage and S3, in `latest` mode (also after a flush "
+        "not merged yet) and `snapshot` mode, it returns exactly the model of every write. A region "
+        "manifest read before is reused only while it is provably the latest, also when GC deletes it "
+        "and its successor during the check. The writer state machine (`tests/test_state_machine.py`) "
+        "also keeps one registered reader across random writes, crashes, recoveries and job rounds and "
+        "compares it after every step with a table opened afresh."
+    ),
 }
 
 PROOF = {
@@ -104,6 +118,7 @@ PROOF = {
     ),
     "test_load.py": "4 writer processes + job process + reader",
     "test_region_integrity.py": "key-column region specs, phantom region ids, all-or-nothing create",
+    "test_reader_freshness.py": "a registered reader across job rounds with cleanup and GC",
 }
 
 

@@ -26,7 +26,7 @@ from merge_helper import gc_merged, merge_all
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import pk_index
+from memwal_df import memwal_index, pk_index
 from memwal_df.exec import generation_rows
 from memwal_df.exec.take_last import TakeLastExec
 from memwal_df.snapshot import GENERATIONS, ImmutableCache, Level, take_snapshot
@@ -285,9 +285,13 @@ def test_generations_cache_is_bounded_in_bytes_and_entries(tmp_path: Path, cache
     assert any(held) and not all(held)
 
 
-def test_base_freshness_is_one_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An unchanged base costs one HEAD per check (no hint read, no listing); a commit by another
-    table object is seen by the next check, and a lookup snapshot pins the new version."""
+def test_base_freshness_is_lances_latest_version_resolution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The freshness check of an unchanged base is Lance's own latest-version resolution, with no
+    read through memwal_df's storage (no hint, no probe); a commit by another table object is seen
+    by the next check, also after version cleanup removed every version but the latest (the
+    successor of the open version among them), and a lookup snapshot pins the new version."""
     uri = str(tmp_path / "t")
     t = mw.create_table(uri, rows(range(N_BASE), "b"), "id", mw.unsharded())
     reader = mw.open_table(uri)
@@ -299,16 +303,19 @@ def test_base_freshness_is_one_probe(tmp_path: Path, monkeypatch: pytest.MonkeyP
         )
     version = reader.dataset.version
     reader.sync()
-    assert calls == ["head"] and reader.dataset.version == version
-    with t.writer() as w:
-        w.put(rows([1], "g"))
-    merge_all(mw.open_table(uri))
+    assert calls == [] and reader.dataset.version == version
+    for key in (1, 2):
+        with t.writer() as w:
+            w.put(rows([key], "g"))
+        merge_all(mw.open_table(uri))
+    lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0))
+    assert not (tmp_path / "t" / memwal_index.manifest_path(version + 1)).exists()
     assert reader.is_latest(version) is False
     reader.sync()
-    assert reader.dataset.version > version and reader.is_latest(reader.dataset.version)
+    assert reader.dataset.version == lance.dataset(uri).version and reader.is_latest(reader.dataset.version)
     snap = take_snapshot(reader, keys=id_keys([1]))
     assert snap.base.version == reader.dataset.version
-    assert not reader.is_latest(version)  # an older version: decided by the full probe
+    assert not reader.is_latest(version)
 
 
 def test_a_commit_through_the_tables_own_dataset_object_is_seen(tmp_path: Path) -> None:

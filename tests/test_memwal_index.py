@@ -347,23 +347,28 @@ def test_v1_manifest_naming(tmp_path: Path) -> None:
     assert mi.read_details(uri, version=1) is None
 
 
-def test_latest_version_hint_stale_or_missing(tmp_path: Path) -> None:
+def test_latest_version_past_versions_removed_by_cleanup(tmp_path: Path) -> None:
+    """The latest version is found even when version cleanup removed the successor of a version that
+    is still present (kept by a tag) or that a `latest_version_hint.json` (written by other Lance
+    writers) names."""
     uri = make_table(tmp_path / "t")
     for i in range(4):
         lance.dataset(uri).insert(rows([10 + i]))
     storage = open_storage(uri)
     assert mi.latest_version(storage) == lance.dataset(uri).version == 5
-    hint = Path(uri) / mi.VERSION_HINT
-    hint.write_text(json.dumps({"version": 2}))  # stale: probed forward
-    assert mi.latest_version(storage) == 5
-    hint.write_text("garbage")
-    assert mi.latest_version(storage) == 5
-    hint.unlink()
-    assert mi.latest_version(storage) == 5
-    lance.dataset(uri).cleanup_old_versions(older_than=datetime.timedelta(0), delete_unverified=True)
-    hint.write_text(json.dumps({"version": 1}))  # points at a removed version: listing instead
-    assert mi.latest_version(storage) == 5
-    assert mi.read_index_section(storage)[0] == 5
+    lance.dataset(uri).tags.create("kept", 2)
+    lance.dataset(uri).cleanup_old_versions(
+        older_than=datetime.timedelta(0), delete_unverified=True, error_if_tagged_old_versions=False
+    )
+    assert sorted(v["version"] for v in lance.dataset(uri).versions()) == [2, 5]
+    for hint in ({"version": 2}, {"version": 1}, "garbage", None):
+        path = Path(uri) / "_versions" / "latest_version_hint.json"
+        if hint is None:
+            path.unlink()
+        else:
+            path.write_text(json.dumps(hint))
+        assert mi.latest_version(storage) == 5, hint
+        assert mi.read_index_section(storage)[0] == 5
 
 
 # ------------------------------------------------------------------------------------------------
