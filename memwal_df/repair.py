@@ -53,12 +53,15 @@ def each_region(
     mapper: Callable[[Callable[[uuid.UUID], object], Sequence[uuid.UUID]], Iterable[object]] = map,
 ) -> tuple[list[T], dict[uuid.UUID, CorruptManifestError | CorruptWalEntryError]]:
     """`fn` of each region (through `mapper`, e.g. a pool's `map`), in order, and the errors of the
-    regions whose manifest or WAL entry cannot be decoded (skipped; every other error propagates)."""
+    regions whose own manifest or WAL entry cannot be decoded (skipped; every other error propagates,
+    a corrupt file outside the region's directory too, such as a table-wide lease)."""
 
     def guarded(region_id: uuid.UUID) -> object:
         try:
             return fn(region_id)
         except _CORRUPT as e:
+            if str(region_id) not in e.path:
+                raise
             return e
 
     done: list[T] = []

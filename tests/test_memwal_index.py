@@ -7,6 +7,7 @@ import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lance
 import pyarrow as pa
@@ -465,64 +466,39 @@ def test_initialize_native_expressible(tmp_path: Path, case: str) -> None:
     assert meta == twin_meta
 
 
+def _one_field_spec(field: pb.ShardingField, **details: Any) -> pb.MemWalIndexDetails:
+    return pb.MemWalIndexDetails(sharding_specs=[pb.ShardingSpec(spec_id=1, fields=[field])], **details)
+
+
+# writer_config_defaults: partial, which native cannot express
+_PARTIAL = {"maintain_all_indexes": True, "writer_config_defaults": {"max_memtable_rows": "500"}}
+
+
 def _year_spec() -> pb.MemWalIndexDetails:
-    return pb.MemWalIndexDetails(
-        sharding_specs=[
-            pb.ShardingSpec(
-                spec_id=1,
-                fields=[
-                    pb.ShardingField(
-                        field_id="ts_year", source_ids=[3], transform="year", result_type="int32"
-                    )
-                ],
-            )
-        ],
-        maintain_all_indexes=True,
-        writer_config_defaults={"max_memtable_rows": "500"},  # partial: native cannot express it
-    )
+    field = pb.ShardingField(field_id="ts_year", source_ids=[3], transform="year", result_type="int32")
+    return _one_field_spec(field, **_PARTIAL)
 
 
 def _truncate_spec() -> pb.MemWalIndexDetails:
-    return pb.MemWalIndexDetails(
-        sharding_specs=[
-            pb.ShardingSpec(
-                spec_id=1,
-                fields=[
-                    pb.ShardingField(
-                        field_id="id_10",
-                        source_ids=[0],
-                        transform="truncate",
-                        result_type="int64",
-                        parameters={"width": "10"},
-                    )
-                ],
-            )
-        ],
-        maintain_all_indexes=True,
-        writer_config_defaults={"max_memtable_rows": "500"},  # partial: native cannot express it
+    field = pb.ShardingField(
+        field_id="id_10",
+        source_ids=[0],
+        transform="truncate",
+        result_type="int64",
+        parameters={"width": "10"},
     )
+    return _one_field_spec(field, **_PARTIAL)
 
 
 def _multi_bucket_spec() -> pb.MemWalIndexDetails:
-    return pb.MemWalIndexDetails(
-        num_shards=8,
-        sharding_specs=[
-            pb.ShardingSpec(
-                spec_id=1,
-                fields=[
-                    pb.ShardingField(
-                        field_id="mb",
-                        source_ids=[0],
-                        transform="multi_bucket",
-                        result_type="int32",
-                        parameters={"num_buckets": "8"},
-                    )
-                ],
-            )
-        ],
-        maintained_indexes=["id_idx"],
-        maintain_all_indexes=False,
+    field = pb.ShardingField(
+        field_id="mb",
+        source_ids=[0],
+        transform="multi_bucket",
+        result_type="int32",
+        parameters={"num_buckets": "8"},
     )
+    return _one_field_spec(field, num_shards=8, maintained_indexes=["id_idx"], maintain_all_indexes=False)
 
 
 @pytest.mark.parametrize("make", [_truncate_spec, _multi_bucket_spec], ids=["truncate", "multi_bucket"])
