@@ -195,17 +195,20 @@ class Level:
                 self._dataset = self.cached(
                     "dataset", lambda: lance.dataset(self.uri, storage_options=options)
                 )
-            except (ValueError, OSError):
-                self._gone_or_raise()
+            except (ValueError, OSError) as e:
+                self._gone_or_raise(e)
                 return None
         return self._dataset
 
-    def _gone_or_raise(self) -> None:
+    def _gone_or_raise(self, cause: Exception) -> None:
         """After a failed read: mark the level missing if its directory was garbage-collected; a
-        directory that exists but cannot be read is an error (skipping it would return stale rows)."""
+        directory that exists but cannot be read is an error naming Lance's reason (skipping it
+        would return stale rows)."""
         GENERATIONS.forget(self.uri)
         if self.storage.list(self.path or ""):
-            raise MissingGenerationError(f"{self.name} exists but cannot be read: {self.path}")
+            raise MissingGenerationError(
+                f"{self.name} exists but cannot be read: {self.path} ({cause})"
+            ) from cause
         self.missing = True
 
     def bloom(self) -> BloomFilter | None:
@@ -263,8 +266,8 @@ class Level:
         )
         try:
             t = ds.to_table(columns=read, filter=sql)
-        except (ValueError, OSError):
-            self._gone_or_raise()  # collected while we read it, or unreadable
+        except (ValueError, OSError) as e:
+            self._gone_or_raise(e)  # collected while we read it, or unreadable
             return None
         if residual is not None:
             t = t.filter(residual)
