@@ -46,6 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
 
 from memwal_df.errors import InvalidFilterError
 from memwal_df.region_spec import Eq, In, Predicate, Range
@@ -433,12 +434,22 @@ def _set_values(call: Call) -> tuple[list[Any], bool, int] | None:
 _BIND_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError)
 
 
+@functools.lru_cache(maxsize=64)
+def _empty_dataset(schema: pa.Schema) -> pds.Dataset:
+    return pds.dataset(schema.empty_table())
+
+
 def _binds(expr: pc.Expression, schema: pa.Schema) -> BaseException | None:
-    """Why `expr` is not a condition on rows of `schema` (Arrow's error), or None."""
+    """Why `expr` is not a condition on rows of `schema` (Arrow's error), or None. Bound as the
+    projection of a scan of an empty dataset, which resolves columns, kernels and the result type
+    without running anything (an order of magnitude cheaper than filtering an empty table)."""
     try:
-        schema.empty_table().filter(expr)
+        scanner = _empty_dataset(schema).scanner(columns={"condition": expr})
     except _BIND_ERRORS as e:
         return e
+    result = scanner.projected_schema.field(0).type
+    if result != pa.bool_():
+        return pa.ArrowTypeError(f"Filter expression must evaluate to bool, but {expr} evaluates to {result}")
     return None
 
 
