@@ -38,7 +38,7 @@ import lance
 
 from memwal_df import layout, lease, memwal_index
 from memwal_df._proto import memwal_pb2 as pb
-from memwal_df.errors import CorruptRegionsError, InvalidConfigError, NotFoundError, TableNotFoundError
+from memwal_df.errors import CorruptRegionsError, InvalidConfigError, TableNotFoundError
 from memwal_df.index_catchup import maintained_indexes
 from memwal_df.manifest import RegionManifestStore, next_version
 from memwal_df.repair import each_region
@@ -187,14 +187,8 @@ def _unlist(store: RegionManifestStore, floor: int) -> pb.ShardManifest | None:
 def _wal_entries(storage: Storage, region_id: uuid.UUID, covered: int, floor: int) -> tuple[int, ...]:
     """Delete the WAL entries of removable generations, lowest position first (rule 2)."""
     wal = Wal(storage, region_id)
-    prefix = f"{layout.region_dir(region_id)}/{layout.WAL_DIR}"
-    try:
-        names = storage.list_dir(prefix)
-    except NotFoundError:
-        return ()
-    positions = sorted(p for n in names if n.endswith(".arrow") and (p := layout.parse_bitrev64_name(n)))
     deleted = []
-    for position in positions:
+    for position in wal.stored_positions():
         if position > covered:
             break
         entry = wal.read(position)

@@ -199,13 +199,8 @@ def plan_repair(storage: Storage, region_id: uuid.UUID) -> tuple[RepairPlan, pb.
 def _covered_corrupt(storage: Storage, wal: Wal, replay_after: int) -> list[SetAside]:
     """The corrupt entries at positions up to `replay_after` (GC deletes these positions once their
     generations are merged, so there are few)."""
-    try:
-        names = storage.list_dir(f"{layout.region_dir(wal.region_id)}/{layout.WAL_DIR}")
-    except NotFoundError:
-        return []
-    positions = sorted(p for n in names if n.endswith(".arrow") and (p := layout.parse_bitrev64_name(n)))
     out = []
-    for position in (p for p in positions if p <= replay_after):
+    for position in (p for p in wal.stored_positions() if p <= replay_after):
         try:
             wal.read(position)
         except CorruptWalEntryError as e:

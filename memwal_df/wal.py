@@ -198,6 +198,15 @@ class Wal:
     def exists(self, position: int) -> bool:
         return self.storage.exists(self.path(position))
 
+    def stored_positions(self) -> list[int]:
+        """The positions of every entry file under the region's WAL directory, ascending (one
+        listing; gaps included as they are)."""
+        try:
+            names = self.storage.list_dir(f"{layout.region_dir(self.region_id)}/{layout.WAL_DIR}")
+        except NotFoundError:
+            return []
+        return sorted(p for n in names if n.endswith(".arrow") and (p := layout.parse_bitrev64_name(n)))
+
     def scan(self, start: int) -> Iterator[WalEntry]:
         """Entries from `start` upward, in order, until the first missing position."""
         position = start
