@@ -290,7 +290,7 @@ class Table:
         `plan.describe()` says what is lost. A corrupt entry followed by valid ones is refused with
         `RepairRefusedError` unless `discard_later`. See `memwal_df.repair`."""
         return _repair.repair_region(
-            self.storage, uuid.UUID(str(region_id)), apply=apply, discard_later=discard_later
+            self.storage, layout.parse_region_id(region_id), apply=apply, discard_later=discard_later
         )
 
     def build_index(self) -> index_builder.BuildResult:

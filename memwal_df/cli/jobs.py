@@ -9,7 +9,6 @@ import logging
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from memwal_df import gc as _gc
 from memwal_df import maintain as _maintain
 from memwal_df.cli import _common as c
 from memwal_df.errors import CorruptRegionsError, InvalidArgumentError
+from memwal_df.layout import parse_region_id
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -162,7 +162,8 @@ def _corrupt_text(uri: str, failed: dict[Any, Exception]) -> str:
 
 def run_repair(args: argparse.Namespace) -> int:
     table = c.table_of(args)
-    plan = table.repair_region(_region_id(args.region), apply=args.yes, discard_later=args.discard_later)
+    region_id = parse_region_id(args.region, "--region")
+    plan = table.repair_region(region_id, apply=args.yes, discard_later=args.discard_later)
     hint = ""
     if (plan.entries or plan.covered) and not plan.applied:
         hint = "\nnothing was changed; run again with --yes to set these entries aside"
@@ -170,13 +171,6 @@ def run_repair(args: argparse.Namespace) -> int:
         hint = f"\nthe region can be claimed again: run `memwal recover {args.uri}` to replay it"
     c.emit(args, {**c.plain(plan), "rows_lost": plan.rows_lost}, lambda: plan.describe() + hint)
     return c.Exit.OK
-
-
-def _region_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError as e:
-        raise InvalidArgumentError(f"--region must be a region id (a UUID), got {text!r}") from e
 
 
 def _run_gc(table: Any, args: argparse.Namespace) -> _gc.GcResult:
