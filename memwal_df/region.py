@@ -344,7 +344,7 @@ class RegionWriter:
                     continue  # every row belongs here: one compute call on the put path
                 bad = pc.invert(pc.fill_null(same, False))
             row = pc.index(bad, True).as_py()
-            label = field.label({i: n for n, i in self.ctx.schema.field_ids.items()})
+            label = field.label(self.ctx.schema.names_by_id)
             raise RegionRoutingError(
                 f"row {row} belongs to region value {label}={got[row].as_py()!r}, "
                 f"not to region {self.region_id} ({label}={want!r})"

@@ -12,6 +12,7 @@ an error is raised.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,11 @@ class TableSchema:
             if name not in self.schema.names:
                 raise SchemaMismatchError(f"primary key column {name!r} is not in the schema")
         object.__setattr__(self, "wal", wal_schema(self.schema, self.field_ids))
+
+    @functools.cached_property
+    def names_by_id(self) -> dict[int, str]:
+        """Column name by Lance field id (`field_ids` inverted)."""
+        return {i: n for n, i in self.field_ids.items()}
 
     @property
     def key_schema(self) -> pa.Schema:

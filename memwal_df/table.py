@@ -229,7 +229,7 @@ class Table:
         """The current region spec over column names, e.g. `bucket[4](id)`; `none` without one."""
         if self.spec is None:
             return "none"
-        names = {i: n for n, i in self.schema.field_ids.items()}
+        names = self.schema.names_by_id
         return " + ".join(
             f"{f.transform}({', '.join(names.get(i, f'#{i}') for i in f.source_ids)})"
             for f in self.spec.fields

@@ -113,7 +113,7 @@ def _values_text(table: Table, region: RegionStatus) -> str | None:
     spec = table.specs.get(region.spec_id)
     if region.values is None or spec is None:
         return None
-    return spec.value_text(region.values, {i: n for n, i in table.schema.field_ids.items()})
+    return spec.value_text(region.values, table.schema.names_by_id)
 
 
 def _snapshot_text(ms: int | None) -> str:

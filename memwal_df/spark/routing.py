@@ -104,8 +104,7 @@ def _murmur3(s: _Stages, value: Column, kind: str, seed: Column) -> Column:
 
 
 def _source(table: Table, source_id: int) -> tuple[str, pa.DataType] | None:
-    by_id = {fid: name for name, fid in table.schema.field_ids.items()}
-    name = by_id.get(source_id)
+    name = table.schema.names_by_id.get(source_id)
     return None if name is None else (name, table.schema.schema.field(name).type)
 
 
