@@ -96,7 +96,7 @@ def plan_point_lookup(
                 [*inputs, take_base],
                 pk,
                 out_columns,
-                label=_regions_label(regions, spec, field_ids),
+                label=_regions_label(regions, spec, snapshot.schema.names_by_id),
                 schema=out_schema,
             )
         )
@@ -188,10 +188,7 @@ def _level_input(level: Level, columns: list[str], primary_key: list[str]) -> Ca
     return guarded
 
 
-def _regions_label(
-    regions: Sequence[RegionLevels], spec: RegionSpec | None, field_ids: Mapping[str, int]
-) -> str:
-    names = {i: n for n, i in field_ids.items()}
+def _regions_label(regions: Sequence[RegionLevels], spec: RegionSpec | None, names: Mapping[int, str]) -> str:
     parts = []
     for r in regions:
         text = f"region {short_id(r.region_id)}"
