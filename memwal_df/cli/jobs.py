@@ -154,7 +154,7 @@ def _job(
 def _corrupt_text(uri: str, failed: dict[Any, Exception]) -> str:
     if not failed:
         return ""
-    lines = [f"\nskipped {len(failed)} corrupt region(s):"]
+    lines = [f"\nskipped {c.count(len(failed), 'corrupt region')}:"]
     lines += [f"  {r}: {e}" for r, e in sorted(failed.items())]
     lines.append(f"see `memwal repair {uri} --region REGION`")
     return "\n".join(lines)
