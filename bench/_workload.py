@@ -20,8 +20,8 @@ import pyarrow as pa
 from lance.mem_wal import ShardSnapshot
 
 import memwal_df as mw
-from memwal_df import memwal_index
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import memwal_index
+from memwal_df.format.manifest import RegionManifestStore
 
 ROOT = Path(__file__).resolve().parent.parent
 PK_META = {b"lance-schema:unenforced-primary-key": b"true"}

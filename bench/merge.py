@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
 import memwal_df as mw
-from memwal_df import layout
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import layout
+from memwal_df.format.manifest import RegionManifestStore
 
 
 def build(uri: str, base: int, rows: int, regions: int, gens: int) -> None:

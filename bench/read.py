@@ -80,7 +80,7 @@ from _workload import (
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
 import memwal_df as mw
-from memwal_df.snapshot import take_snapshot
+from memwal_df.read.snapshot import take_snapshot
 
 FILTER_SQL = "value < 0.1"
 FILTER_PC = pc.field("value") < 0.1

@@ -66,8 +66,8 @@ from lance.mem_wal import LsmVectorSearchPlanner
 from write import NativeRouter, timed_puts
 
 import memwal_df as mw
-from memwal_df.search import plan_fts, plan_vector_search
-from memwal_df.snapshot import take_snapshot
+from memwal_df.read.search import plan_fts, plan_vector_search
+from memwal_df.read.snapshot import take_snapshot
 
 K = 10
 

@@ -55,7 +55,7 @@ from _workload import NUM_REGIONS, Workload, git_state, make_workload, scratch_r
 from lance.mem_wal import evaluate_sharding_spec
 
 import memwal_df as mw
-from memwal_df import layout
+from memwal_df.format import layout
 
 # --------------------------------------------------------------------------------------------------
 # Tables

@@ -6,10 +6,8 @@ Read path: `MemWalTable` (a dataset DataFusion scans, merging every level by pri
 `register(ctx)` for memwal_df's SQL functions, `query(ctx, sql)` to run SQL with typed errors.
 """
 
-from memwal_df import _lance_log, errors  # noqa: F401  (_lance_log first: before `lance` loads)
-from memwal_df.dataset import MemWalTable
-from memwal_df.region import RegionWriter, WriterConfig
-from memwal_df.region_spec import (
+from memwal_df import _lance_log, _moved, errors  # noqa: F401  (_lance_log first: before `lance` loads)
+from memwal_df.format.region_spec import (
     bucket,
     day,
     expression,
@@ -21,9 +19,13 @@ from memwal_df.region_spec import (
     unsharded,
     year,
 )
-from memwal_df.sql import query, register
+from memwal_df.read.dataset import MemWalTable
+from memwal_df.read.sql import query, register
 from memwal_df.table import RegionStatus, Table, create_table, open_table
-from memwal_df.writer import TableWriter
+from memwal_df.write.region_writer import RegionWriter, WriterConfig
+from memwal_df.write.table_writer import TableWriter
+
+_moved.install()
 
 __all__ = [
     "MemWalTable",

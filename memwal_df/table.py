@@ -22,11 +22,6 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal_df import gc as _gc
-from memwal_df import index_builder, index_catchup, layout, memwal_index, merger
-from memwal_df import maintain as _maintain
-from memwal_df import repair as _repair
-from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     CorruptManifestError,
     CorruptRegionsError,
@@ -42,11 +37,12 @@ from memwal_df.errors import (
     TableNotFoundError,
     UnknownRegionError,
 )
-from memwal_df.maintained import MaintainedIndex, maintained_indexes
-from memwal_df.manifest import RegionManifestStore, region_id_of
-from memwal_df.pk_index import is_supported_pk_type
-from memwal_df.region import RegionContext, RegionWriter, WriterConfig
-from memwal_df.region_spec import (
+from memwal_df.format import layout, memwal_index
+from memwal_df.format.maintained_indexes import MaintainedIndex, maintained_indexes
+from memwal_df.format.manifest import RegionManifestStore, region_id_of
+from memwal_df.format.pk_index import is_supported_pk_type
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.region_spec import (
     RegionSpec,
     UnboundRegionSpec,
     decode_region_value,
@@ -56,10 +52,15 @@ from memwal_df.region_spec import (
     non_key_message,
     result_arrow_type,
 )
-from memwal_df.schema import TableSchema, check_keys, conform, to_table
-from memwal_df.storage import Storage, open_storage
-from memwal_df.wal import Wal
-from memwal_df.writer import TableWriter
+from memwal_df.format.schema import TableSchema, check_keys, conform, to_table
+from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.wal import Wal
+from memwal_df.jobs import garbage as _gc
+from memwal_df.jobs import index_builder, index_catchup, merger
+from memwal_df.jobs import maintain as _maintain
+from memwal_df.jobs import repair as _repair
+from memwal_df.write.region_writer import RegionContext, RegionWriter, WriterConfig
+from memwal_df.write.table_writer import TableWriter
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ class Table:
         """Plan, and with `apply=True` perform, setting the region's corrupt WAL entries aside (moved
         to a quarantine directory under the region) so the region can be claimed and replayed again;
         `plan.describe()` says what is lost. A corrupt entry followed by valid ones is refused with
-        `RepairRefusedError` unless `discard_later`. See `memwal_df.repair`."""
+        `RepairRefusedError` unless `discard_later`. See `memwal_df.jobs.repair`."""
         return _repair.repair_region(
             self.storage, layout.parse_region_id(region_id), apply=apply, discard_later=discard_later
         )
@@ -296,7 +297,7 @@ class Table:
     def build_index(self) -> index_builder.BuildResult:
         """Run the MemWAL index builder: snapshot every region's state into the MemWAL index (for
         `MemWalTable(uri, consistency="snapshot")`) and advance stale WAL hints. See
-        `memwal_df.index_builder`."""
+        `memwal_df.jobs.index_builder`."""
         return index_builder.build_index(self)
 
     def merge(
@@ -305,7 +306,7 @@ class Table:
         max_generations: int | None = None,
         parallel: bool = False,
     ) -> merger.MergeResult:
-        """Merge flushed generations into the base table, in order, per region; see `memwal_df.merger`."""
+        """Merge flushed generations into the base table, in order, per region (`memwal_df.jobs.merger`)."""
         return merger.merge(self, regions, max_generations, parallel)
 
     def gc(
@@ -315,13 +316,13 @@ class Table:
         keep_manifest_versions: int = _gc.DEFAULT_KEEP_MANIFEST_VERSIONS,
     ) -> _gc.GcResult:
         """Remove merged generations, their WAL entries, orphaned generation directories and old
-        region manifest versions that no reader or writer can still need; see `memwal_df.gc`."""
+        region manifest versions that no reader or writer can still need; see `memwal_df.jobs.garbage`."""
         return _gc.gc(self, grace=grace, keep_manifest_versions=keep_manifest_versions)
 
     def catch_up_indexes(self, rebuild: bool = True) -> index_catchup.CatchUpResult:
         """Rebuild lagging maintained base indexes (`optimize_indices`) and record their
         `index_catchup`, claiming only generations their fragment bitmaps cover; see
-        `memwal_df.index_catchup`."""
+        `memwal_df.jobs.index_catchup`."""
         return index_catchup.catch_up_indexes(self, rebuild)
 
     def maintain(
@@ -337,7 +338,7 @@ class Table:
         """Run merge, index build, index catch-up, cleanup of base versions older than
         `version_retention` (None: keep all) but the newest `keep_versions`, and GC every `interval`
         seconds until `stop` is set or `max_rounds` rounds ran, logging and retrying failed jobs; see
-        `memwal_df.maintain`."""
+        `memwal_df.jobs.maintain`."""
         return _maintain.maintain(
             self,
             interval=interval,

@@ -1,4 +1,4 @@
-"""Regenerate memwal_df/_proto/memwal_pb2.py from protos/memwal.proto (run by `make protos`)."""
+"""Regenerate memwal_df/format/proto/memwal_pb2.py from protos/memwal.proto (run by `make protos`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import grpc_tools
 from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OUT = ROOT / "memwal_df" / "_proto"
+OUT = ROOT / "memwal_df" / "format" / "proto"
 
 
 def main() -> int:

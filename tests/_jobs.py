@@ -21,9 +21,9 @@ from merge_helper import flushed_generations
 from reference import _apply, stored_rows
 
 import memwal_df as mw
-from memwal_df import layout, memwal_index
-from memwal_df.index_catchup import coverage
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import layout, memwal_index
+from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.jobs.index_catchup import coverage
 from memwal_df.table import Table
 
 KEYS = 400

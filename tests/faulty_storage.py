@@ -1,6 +1,6 @@
 """A `Storage` that injects faults into a real one (local directory or S3), on a seeded schedule.
 
-`FaultyStorage(inner, plan)` is a real `memwal_df.storage.Storage` subclass: every call goes to
+`FaultyStorage(inner, plan)` is a real `memwal_df.format.storage.Storage` subclass: every call goes to
 `inner` (the table's own `LocalStorage` / `ObjectStorage`), after the plan decided what happens to it:
 
 * `fail`        — the call raises `StorageError` and does nothing (a refused request);
@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from memwal_df.errors import StorageError
-from memwal_df.storage import Blob, Storage
+from memwal_df.format.storage import Blob, Storage
 
 WRITES = frozenset({"put", "create", "delete", "delete_prefix"})
 READS = frozenset({"get", "head", "list", "list_dir"})

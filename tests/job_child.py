@@ -31,7 +31,8 @@ import pyarrow as pa
 from lance.dataset import MergeInsertBuilder
 
 import memwal_df as mw
-from memwal_df import index_builder, memwal_index, storage
+from memwal_df.format import memwal_index, storage
+from memwal_df.jobs import index_builder
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.float64())])
 ZERO = timedelta(0)
@@ -74,7 +75,7 @@ def inject(point: str, k: int) -> None:
     elif point == "merge_after_upsert":  # pass 2 committed, the merger never reported it
         after(MergeInsertBuilder, "execute", lambda r, builder, *a: _is_upsert(builder))
     elif point == "gc_after_unlist":  # merged generations dropped from a manifest, directories kept
-        from memwal_df import gc
+        from memwal_df.jobs import garbage as gc
 
         after(gc, "_unlist", lambda m, store, floor: m is not None and floor > 0)
     elif point == "gc_mid_delete":  # inside a generation directory's deletion, file by file

@@ -1,6 +1,6 @@
 """Test helpers around the background jobs.
 
-`merge_region` / `merge_all` run the real merger (`memwal_df.merger`). `gc_merged` is a deliberately
+`merge_region` / `merge_all` run the real merger (`memwal_df.jobs.merger`). `gc_merged` is a deliberately
 aggressive stand-in for GC that deletes the directory of every merged generation at once, ignoring
 time travel and grace (the real `Table.gc` keeps what retained base versions reach): reader tests use
 it to check that readers skip garbage-collected generations.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import uuid
 
-from memwal_df import layout, memwal_index
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import layout, memwal_index
+from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.table import Table
 
 

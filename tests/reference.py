@@ -12,8 +12,8 @@ from typing import Any
 import lance
 import pyarrow as pa
 
-from memwal_df import layout, memwal_index
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import layout, memwal_index
+from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.table import Table
 
 TOMBSTONE = "_tombstone"

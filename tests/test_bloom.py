@@ -1,4 +1,4 @@
-"""Tests of memwal_df.bloom: SipHash-1-3 against a pure-Python reference, byte identity with the
+"""Tests of memwal_df.format.bloom: SipHash-1-3 against a pure-Python reference, byte identity with the
 ``bloom_filter.bin`` files Lance 14 writes, and the filter's no-false-negative property."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memwal_df import bloom
-from memwal_df.bloom import BloomFilter, hash_primary_keys, siphash13
+from memwal_df.format import bloom
+from memwal_df.format.bloom import BloomFilter, hash_primary_keys, siphash13
 
 # No example database: the tests must leave nothing behind in the project tree.
 HYP = settings(database=None, deadline=None, max_examples=150)

@@ -1,4 +1,4 @@
-"""Index catch-up aware scan plans (`memwal_df.catchup`): exact results, the expected plan, and the
+"""Index catch-up aware scan plans (`memwal_df.read.catchup`): exact results, the expected plan, and the
 fall-backs.
 
 Histories are built with the real writer and the test merger (`merge_helper`), with base scalar
@@ -38,9 +38,9 @@ from test_dataset import (
 )
 
 import memwal_df as mw
-from memwal_df import memwal_index
 from memwal_df.errors import MissingGenerationError
-from memwal_df.exec.dedup import AntiJoinScanExec, DeduplicateExec
+from memwal_df.format import memwal_index
+from memwal_df.read.exec.dedup import AntiJoinScanExec, DeduplicateExec
 
 FILTER = pc.field("v") < 40
 

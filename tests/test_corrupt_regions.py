@@ -32,12 +32,13 @@ from cases import backend, cases
 from figures import case_name, record
 
 import memwal_df as mw
-from memwal_df import errors, layout, memwal_index
+from memwal_df import errors
 from memwal_df.cli import Exit, main
-from memwal_df.planner import plan_scan
-from memwal_df.predicate import column_predicates
-from memwal_df.snapshot import pin, restore, take_snapshot
-from memwal_df.wal import Wal
+from memwal_df.format import layout, memwal_index
+from memwal_df.format.wal import Wal
+from memwal_df.read.planner import plan_scan
+from memwal_df.read.predicate import column_predicates
+from memwal_df.read.snapshot import pin, restore, take_snapshot
 
 KEYS = range(40)
 GUARANTEE = "a corrupt region stays one region's problem"

@@ -44,14 +44,14 @@ from reference import stored_rows
 from wal_oracle import apply_rows, check_region, durable_rows, wal_records
 
 import memwal_df as mw
-from memwal_df import layout
-from memwal_df import storage as storage_mod
 from memwal_df.errors import StorageError
-from memwal_df.generation import write_generation
-from memwal_df.manifest import RegionManifestStore, new_manifest, next_version
-from memwal_df.memtable import MemTable
-from memwal_df.storage import LocalStorage, open_storage
-from memwal_df.wal import Wal, encode_entry
+from memwal_df.format import layout
+from memwal_df.format import storage as storage_mod
+from memwal_df.format.manifest import RegionManifestStore, new_manifest, next_version
+from memwal_df.format.storage import LocalStorage, open_storage
+from memwal_df.format.wal import Wal, encode_entry
+from memwal_df.write.generation import write_generation
+from memwal_df.write.memtable import MemTable
 
 SCHEMA = pa.schema(
     [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("v", pa.float64())]

@@ -36,9 +36,9 @@ from merge_helper import flushed_generations, gc_merged, merge_all, merge_region
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import dataset as dataset_module
-from memwal_df.predicate import decode
-from memwal_df.snapshot import take_snapshot
+from memwal_df.read import dataset as dataset_module
+from memwal_df.read.predicate import decode
+from memwal_df.read.snapshot import take_snapshot
 
 CATS = ("a", "b", "c")
 N_BASE = 40

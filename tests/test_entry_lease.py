@@ -26,10 +26,10 @@ from _jobs import VersionOracle, Workload, base_rows, create, rows_at
 from lance.dataset import LanceOperation, MergeInsertBuilder
 
 import memwal_df as mw
-from memwal_df import entry_lease, memwal_index
-from memwal_df import lease as lease_module
 from memwal_df.errors import CommitConflictError, CorruptManifestError
-from memwal_df.merger import MergeResult
+from memwal_df.format import entry_lease, memwal_index
+from memwal_df.format import lease as lease_module
+from memwal_df.jobs.merger import MergeResult
 
 
 def _with_generations(uri: str, options: dict[str, str] | None, n: int = 3, seed: int = 1) -> Workload:

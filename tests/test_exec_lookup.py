@@ -35,16 +35,16 @@ from lance_made import lance_made_table
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import layout, pk_index
-from memwal_df.exec import take_last
-from memwal_df.exec._keys import key_filter
-from memwal_df.exec.base import ExecNode
-from memwal_df.exec.bloom_guard import BloomFilterGuardExec
-from memwal_df.exec.coalesce_first import CoalesceFirstExec
-from memwal_df.exec.lookup_plan import plan_point_lookup
-from memwal_df.exec.take_last import TakeLastExec
-from memwal_df.exec.union import UnionExec
-from memwal_df.snapshot import GENERATIONS, Level, ReadSnapshot, take_snapshot
+from memwal_df.format import layout, pk_index
+from memwal_df.read.exec import take_last
+from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
+from memwal_df.read.exec.coalesce_first import CoalesceFirstExec
+from memwal_df.read.exec.take_last import TakeLastExec
+from memwal_df.read.exec.union import UnionExec
+from memwal_df.read.keys import key_filter
+from memwal_df.read.lookup_planner import plan_point_lookup
+from memwal_df.read.snapshot import GENERATIONS, Level, ReadSnapshot, take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("x", pa.float64())])
 

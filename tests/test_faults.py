@@ -49,7 +49,6 @@ from reference import stored_rows
 from wal_oracle import apply_rows, check_region, durable_rows, freeze, reachable_states, wal_records
 
 import memwal_df as mw
-from memwal_df import layout
 from memwal_df.errors import (
     CorruptManifestError,
     CorruptRegionsError,
@@ -58,7 +57,8 @@ from memwal_df.errors import (
     StorageError,
     WriterFencedError,
 )
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import layout
+from memwal_df.format.manifest import RegionManifestStore
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
 KEYS = 30

@@ -20,9 +20,9 @@ from search_oracle import HISTORY_OPS, SearchLsm, bm25, history, make_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
-from memwal_df.search import plan_fts
-from memwal_df.stop_words import STOP_WORDS
-from memwal_df.tokenizer import Tokenizer
+from memwal_df.format.stop_words import STOP_WORDS
+from memwal_df.format.tokenizer import Tokenizer
+from memwal_df.read.search import plan_fts
 
 QUERIES = ["apple", "kiwi fig", "quince sloe yuzu", "Apple, APPLE pear!", "nothing-here", "date"]
 

@@ -1,4 +1,4 @@
-"""Garbage collection (`Table.gc`, `memwal_df.gc`): what it removes and that every retained base
+"""Garbage collection (`Table.gc`, `memwal_df.jobs.garbage`): what it removes and that every retained base
 version (time travel) still reads exactly the model afterwards, locally and on the moto S3 server;
 a hypothesis interleaving of writes, flushes, merges, GC, version cleanup and writer reclaims, and
 writer/merger/GC threads running at once."""
@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from merge_helper import flushed_generations
 
-from memwal_df import layout
 from memwal_df.errors import InvalidConfigError
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import layout
+from memwal_df.format.manifest import RegionManifestStore
 
 ZERO = timedelta(0)
 

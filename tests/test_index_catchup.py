@@ -1,4 +1,4 @@
-"""Base index catch-up (`Table.catch_up_indexes`, `memwal_df.index_catchup`).
+"""Base index catch-up (`Table.catch_up_indexes`, `memwal_df.jobs.index_catchup`).
 
 The tests check the coverage oracle `_jobs.assert_catchup_covered`; one proves it can fail.
 """
@@ -14,8 +14,8 @@ import pytest
 from _jobs import Workload, assert_catchup_covered, catchup_at, create, rows_at
 
 import memwal_df as mw
-from memwal_df import memwal_index
-from memwal_df.index_catchup import progress_entry
+from memwal_df.format import memwal_index
+from memwal_df.jobs.index_catchup import progress_entry
 
 ZERO = timedelta(0)
 

@@ -42,11 +42,12 @@ from lance.mem_wal import (
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import errors, layout, memwal_index
-from memwal_df._proto import memwal_pb2 as pb
-from memwal_df.manifest import RegionManifestStore
-from memwal_df.region_spec import lance_field_ids
-from memwal_df.wal import Wal, WalEntry
+from memwal_df import errors
+from memwal_df.format import layout, memwal_index
+from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.region_spec import lance_field_ids
+from memwal_df.format.wal import Wal, WalEntry
 
 SCHEMA = pa.schema(
     [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("v", pa.float64())]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memwal_df import layout
+from memwal_df.format import layout
 
 HYP = settings(database=None, deadline=None, max_examples=300)
 U64_MAX = 2**64 - 1

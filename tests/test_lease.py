@@ -1,4 +1,4 @@
-"""The storage lease (`memwal_df.lease`) on its own: exclusion between threads and between processes,
+"""The storage lease (`memwal_df.format.lease`) on its own: exclusion between threads and between processes,
 takeover after expiry, same-holder takeover, renewal, release, removal of stale lease directories.
 (`tests/test_entry_lease.py` covers the MemWAL index-entry lease built on it.)"""
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from memwal_df import lease
 from memwal_df.errors import CorruptManifestError
-from memwal_df.storage import Storage, open_storage
+from memwal_df.format import lease
+from memwal_df.format.storage import Storage, open_storage
 
 DIR = "_mem_wal/_write_leases/job/region"
 LONG = timedelta(minutes=10)  # never expires during a test

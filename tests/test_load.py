@@ -30,7 +30,7 @@ from reference import stored_rows
 from wal_oracle import apply_rows, durable_rows
 
 import memwal_df as mw
-from memwal_df import memwal_index
+from memwal_df.format import memwal_index
 
 REGIONS = 4
 KEYS = 2000

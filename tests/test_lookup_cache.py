@@ -26,10 +26,10 @@ from merge_helper import gc_merged, merge_all
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import memwal_index, pk_index
-from memwal_df.exec import generation_rows
-from memwal_df.exec.take_last import TakeLastExec
-from memwal_df.snapshot import GENERATIONS, ImmutableCache, Level, take_snapshot
+from memwal_df.format import memwal_index, pk_index
+from memwal_df.read.exec import generation_rows
+from memwal_df.read.exec.take_last import TakeLastExec
+from memwal_df.read.snapshot import GENERATIONS, ImmutableCache, Level, take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("x", pa.float64())])
 N_BASE = 60

@@ -21,11 +21,11 @@ from merge_helper import gc_merged, merge_all
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import snapshot as snapshot_module
 from memwal_df.errors import RegionRoutingError
-from memwal_df.exec.lookup_plan import plan_point_lookup
-from memwal_df.manifest import RegionManifestStore
-from memwal_df.snapshot import take_snapshot
+from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.read import snapshot as snapshot_module
+from memwal_df.read.lookup_planner import plan_point_lookup
+from memwal_df.read.snapshot import take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 N_BASE = 200

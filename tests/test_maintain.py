@@ -36,9 +36,9 @@ from hypothesis import strategies as st
 from merge_helper import flushed_generations
 
 import memwal_df as mw
-from memwal_df import layout, memwal_index
 from memwal_df.errors import CommitConflictError, InvalidConfigError
-from memwal_df.maintain import run_round
+from memwal_df.format import layout, memwal_index
+from memwal_df.jobs.maintain import run_round
 
 ZERO = timedelta(0)
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def test_a_failing_job_is_logged_and_the_others_still_run(caplog):
         raise ValueError("boom")
 
     jobs = {"flaky": flaky, "broken": broken, "last": lambda: calls.append("last")}
-    with caplog.at_level(logging.INFO, logger="memwal_df.maintain"):
+    with caplog.at_level(logging.INFO, logger="memwal_df.jobs.maintain"):
         first, second = run_round(1, jobs), run_round(2, jobs)
     assert isinstance(first.errors["flaky"], CommitConflictError) and "flaky" not in first.results
     assert second.results["flaky"] == "ok" and "flaky" not in second.errors

@@ -12,11 +12,11 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_df import layout
-from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import CorruptManifestError
-from memwal_df.manifest import RegionManifestStore, new_manifest, next_version, region_id_of
-from memwal_df.storage import Storage, open_storage
+from memwal_df.format import layout
+from memwal_df.format.manifest import RegionManifestStore, new_manifest, next_version, region_id_of
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.storage import Storage, open_storage
 
 PK = "lance-schema:unenforced-primary-key"
 

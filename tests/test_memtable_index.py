@@ -21,15 +21,21 @@ from search_oracle import DIM, HISTORY_OPS, SCHEMA, SearchLsm, bm25, history, ma
 from test_interop import snapshots
 
 import memwal_df as mw
-from memwal_df.exec.global_bm25 import PairTerms, TermIndex
-from memwal_df.maintained import MaintainedIndex, _global_buffer, _ivf_centroids, _tensor, maintained_indexes
-from memwal_df.memtable import MemTable
-from memwal_df.memwal_index import read_index_section
-from memwal_df.search import plan_fts, plan_vector_search
-from memwal_df.snapshot import take_snapshot
-from memwal_df.storage import open_storage
-from memwal_df.tokenizer import Tokenizer
-from memwal_df.wal import TOMBSTONE
+from memwal_df.format.maintained_indexes import (
+    MaintainedIndex,
+    _global_buffer,
+    _ivf_centroids,
+    _tensor,
+    maintained_indexes,
+)
+from memwal_df.format.memwal_index import read_index_section
+from memwal_df.format.storage import open_storage
+from memwal_df.format.tokenizer import Tokenizer
+from memwal_df.format.wal import TOMBSTONE
+from memwal_df.read.exec.global_bm25 import PairTerms, TermIndex
+from memwal_df.read.search import plan_fts, plan_vector_search
+from memwal_df.read.snapshot import take_snapshot
+from memwal_df.write.memtable import MemTable
 
 RNG = np.random.default_rng(11)
 QUERIES = [RNG.standard_normal(DIM).astype(np.float32).tolist() for _ in range(4)]

@@ -1,4 +1,4 @@
-"""memwal_df.memwal_index against real Lance 14 tables: what native writes, what we read and write."""
+"""memwal_df.format.memwal_index against real Lance 14 tables: what native writes, what we read and write."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import pytest
 from lance.mem_wal import CompactedSsTable
 from lance.schema import LanceSchema
 
-from memwal_df import memwal_index as mi
-from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import (
     CommitConflictError,
     CorruptManifestError,
@@ -27,7 +25,9 @@ from memwal_df.errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from memwal_df.storage import open_storage
+from memwal_df.format import memwal_index as mi
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.storage import open_storage
 
 PK = mi.PRIMARY_KEY_METADATA
 POS = mi.PRIMARY_KEY_POSITION_METADATA

@@ -1,4 +1,4 @@
-"""The merger (`Table.merge`, `memwal_df.merger`) against a dict model and the stored-rows oracle,
+"""The merger (`Table.merge`, `memwal_df.jobs.merger`) against a dict model and the stored-rows oracle,
 locally and on the moto S3 server; concurrent mergers as threads and processes; crashes between and
 after a merger's commits (spec appendix 2)."""
 
@@ -17,8 +17,8 @@ from merge_helper import flushed_generations, merged_generation
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import merger
 from memwal_df.errors import InvalidConfigError, MissingGenerationError
+from memwal_df.jobs import merger
 
 
 def _with_generations(uri: str, options: dict[str, str] | None, n: int, seed: int = 1) -> Workload:

@@ -1,4 +1,4 @@
-"""`memwal_df.pk_index` against the `_pk_index/` files Lance 14's own MemWAL writer produces."""
+"""`memwal_df.format.pk_index` against the `_pk_index/` files Lance 14's own MemWAL writer produces."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from lance.file import LanceFileReader
 
 from memwal_df.errors import NotFoundError
-from memwal_df.pk_index import (
+from memwal_df.format.pk_index import (
     PAGE_DATA_FILE,
     PAGE_LOOKUP_FILE,
     canonical_lookup_bytes,

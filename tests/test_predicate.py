@@ -1,4 +1,4 @@
-"""memwal_df.predicate: decoding pushed pyarrow Expressions, key lookups, pruning predicates, Lance filters.
+"""memwal_df.read.predicate: decoding pushed pyarrow Expressions, key lookups, pruning, Lance filters.
 
 DATAFUSION_CASES records, for DataFusion 54.1 (datafusion-python's DatasetExec), the filter a
 `pyarrow.dataset.Dataset` receives in `get_fragments(filter)` for a SQL WHERE clause (None: nothing
@@ -23,9 +23,9 @@ from datafusion import SessionContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_df import predicate as P
-from memwal_df import region_spec as rs
-from memwal_df.region_spec import Eq, In, Range
+from memwal_df.format import region_spec as rs
+from memwal_df.format.region_spec import Eq, In, Range
+from memwal_df.read import predicate as P
 
 NAN = float("nan")
 NEG_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000000))[0]

@@ -26,9 +26,9 @@ from search_oracle import make_rows
 
 import memwal_df as mw
 from memwal_df.errors import StorageError
-from memwal_df.manifest import RegionManifestStore
-from memwal_df.snapshot import _latest_manifest
-from memwal_df.storage import LocalStorage
+from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.storage import LocalStorage
+from memwal_df.read.snapshot import _latest_manifest
 
 GUARANTEE = "reader freshness"
 ZERO = timedelta(0)

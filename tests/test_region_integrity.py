@@ -28,10 +28,11 @@ from hypothesis import strategies as st
 from lance_made import lance_made_table
 
 import memwal_df as mw
-from memwal_df import errors, memwal_index
+from memwal_df import errors
 from memwal_df.cli import Exit, main
-from memwal_df.region_spec import RegionSpec, lance_field_ids
-from memwal_df.storage import open_storage
+from memwal_df.format import memwal_index
+from memwal_df.format.region_spec import RegionSpec, lance_field_ids
+from memwal_df.format.storage import open_storage
 
 GUARANTEE = "one key, one region"
 SCHEMA = pa.schema(

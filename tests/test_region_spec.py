@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from lance.mem_wal import evaluate_sharding_spec
 from lance.schema import LanceSchema
 
-from memwal_df import region_spec as rs
-from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import InvalidRegionSpecError, RegionRoutingError
-from memwal_df.intexpr import as_array
-from memwal_df.murmur3 import is_native_bucket_type, murmur3_32_spark, murmur3_multi
-from memwal_df.region_spec import Eq, In, Range
+from memwal_df.format import region_spec as rs
+from memwal_df.format.intexpr import as_array
+from memwal_df.format.murmur3 import is_native_bucket_type, murmur3_32_spark, murmur3_multi
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.region_spec import Eq, In, Range
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

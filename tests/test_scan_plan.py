@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_df.exec.dedup import AntiJoinScanExec, base_spans
-from memwal_df.exec.keyset import KeySet
+from memwal_df.read.exec.dedup import AntiJoinScanExec, base_spans
+from memwal_df.read.exec.keyset import KeySet
 
 
 @pytest.fixture(scope="module")

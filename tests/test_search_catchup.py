@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from search_oracle import HISTORY_OPS, SearchLsm, history, make_rows, nearest
 from test_vector_search import QUERIES, assert_exact, assert_fresh
 
-from memwal_df.exec import _levels
-from memwal_df.exec.knn import BruteForceKnnExec
-from memwal_df.search import plan_vector_search
+from memwal_df.read import levels as _levels
+from memwal_df.read.exec.knn import BruteForceKnnExec
+from memwal_df.read.search import plan_vector_search
 
 PARTITIONS = 4
 EXACT = {"nprobes": PARTITIONS, "refine_factor": 10_000}  # every partition, every row refined

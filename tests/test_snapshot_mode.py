@@ -22,12 +22,13 @@ from merge_helper import gc_merged, merge_all, merge_region
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import index_builder, memwal_index, region_snapshot
-from memwal_df._proto import memwal_pb2 as pb
 from memwal_df.errors import InvalidConfigError
-from memwal_df.manifest import RegionManifestStore
-from memwal_df.region_spec import RegionSpec, encode_region_value
-from memwal_df.snapshot import take_snapshot
+from memwal_df.format import memwal_index, region_snapshot
+from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.region_spec import RegionSpec, encode_region_value
+from memwal_df.jobs import index_builder
+from memwal_df.read.snapshot import take_snapshot
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("tag", pa.string())])
 

@@ -24,15 +24,15 @@ from lance_made import foreign_spec_table, lance_made_table
 from reference import model_rows, stored_rows
 
 import memwal_df as mw
-from memwal_df import layout, lease
 from memwal_df.errors import (
     NonKeyRegionColumnError,
     RegionRoutingError,
     SchemaMismatchError,
     WriterFencedError,
 )
-from memwal_df.wal import Wal
-from memwal_df.writer import TableWriter, region_of_row
+from memwal_df.format import layout, lease
+from memwal_df.format.wal import Wal
+from memwal_df.write.table_writer import TableWriter, region_of_row
 
 pytest.importorskip("pyspark")
 

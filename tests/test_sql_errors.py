@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 import memwal_df as mw
-from memwal_df import errors, layout
+from memwal_df import errors
 from memwal_df.errors import (
     CorruptManifestError,
     InvalidConfigError,
@@ -21,6 +21,7 @@ from memwal_df.errors import (
     MissingGenerationError,
     TableNotRegisteredError,
 )
+from memwal_df.format import layout
 
 SCHEMA = pa.schema(
     [

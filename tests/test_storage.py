@@ -1,4 +1,4 @@
-"""memwal_df.storage on both backends: local files and S3 (a real moto server on 127.0.0.1)."""
+"""memwal_df.format.storage on both backends: local files and S3 (a real moto server on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 from botocore.exceptions import ClientError
 from obstore.exceptions import AlreadyExistsError
 
-import memwal_df.storage as storage_mod
+import memwal_df.format.storage as storage_mod
 from memwal_df.errors import NotFoundError, StorageError
-from memwal_df.storage import LocalStorage, ObjectStorage, Storage, obstore_options, open_storage
+from memwal_df.format.storage import LocalStorage, ObjectStorage, Storage, obstore_options, open_storage
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ from search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, neare
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
-from memwal_df.exec.filter_stale import NewerLevels, level_key_set
-from memwal_df.exec.knn import METRICS
-from memwal_df.exec.ranked import POSITION, RankedExec, TopKExec
-from memwal_df.search import plan_vector_search
-from memwal_df.snapshot import take_snapshot
+from memwal_df.read.exec.filter_stale import NewerLevels, level_key_set
+from memwal_df.read.exec.knn import METRICS
+from memwal_df.read.exec.ranked import POSITION, RankedExec, TopKExec
+from memwal_df.read.search import plan_vector_search
+from memwal_df.read.snapshot import take_snapshot
 
 RNG = np.random.default_rng(7)
 QUERIES = [RNG.standard_normal(DIM).astype(np.float32).tolist() for _ in range(4)]

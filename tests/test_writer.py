@@ -12,9 +12,10 @@ import pytest
 from reference import stored_rows
 
 import memwal_df as mw
-from memwal_df import errors, layout
-from memwal_df.manifest import RegionManifestStore
-from memwal_df.wal import Wal
+from memwal_df import errors
+from memwal_df.format import layout
+from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.wal import Wal
 
 SCHEMA = pa.schema(
     [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("v", pa.float64())]
@@ -285,7 +286,7 @@ def test_backpressure_blocks_then_times_out_with_a_clear_error(manual_table, mon
     """Writes block while unflushed bytes exceed the limit and fail with a typed error after the timeout."""
     import threading
 
-    from memwal_df import region
+    from memwal_df.write import region_writer as region
 
     release = threading.Event()
     real = region.write_generation
@@ -332,7 +333,7 @@ def test_fenced_non_durable_writer_reports_what_was_not_made_durable(manual_tabl
 
 
 def test_failed_generation_write_retries_in_a_new_directory(manual_table, monkeypatch):
-    from memwal_df import generation
+    from memwal_df.write import generation
 
     calls = {"n": 0}
     real = generation.write_pk_index

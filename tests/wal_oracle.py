@@ -6,7 +6,7 @@ with the writer beyond `layout` (paths) and `RegionManifestStore` (as `reference
 * `durable_rows(table)`: key → row of everything that survives a crash *now*: the base table, every
   region's flushed generations and the WAL entries after `replay_after_wal_entry_position`, all read
   from one manifest version per region (so a MemTable flush running meanwhile cannot tear the view).
-* `wal_records(table, region)`: every WAL entry of a region, decoded independently of `memwal_df.wal`.
+* `wal_records(table, region)`: every WAL entry of a region, decoded independently of `memwal_df.format.wal`.
 * `check_region(table, region)`: structural invariants of one region (contiguous manifest versions,
   epochs that only step by one, complete referenced generations, contiguous WAL, non-decreasing WAL
   epochs); returns the generation directories no manifest version references (orphans).
@@ -23,9 +23,9 @@ import lance
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from memwal_df import layout, memwal_index
 from memwal_df.errors import NotFoundError
-from memwal_df.manifest import RegionManifestStore
+from memwal_df.format import layout, memwal_index
+from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.table import Table
 
 TOMBSTONE = "_tombstone"

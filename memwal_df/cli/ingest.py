@@ -24,10 +24,10 @@ import pyarrow.compute as pc
 
 from memwal_df.cli import _common as c
 from memwal_df.cli.inputs import FORMAT_NAMES, STDIN, Progress, format_of, read_batches, total_rows
-from memwal_df.dataset import MemWalTable
 from memwal_df.errors import InvalidArgumentError, SchemaMismatchError
-from memwal_df.layout import parse_region_id
-from memwal_df.schema import TableSchema, conform
+from memwal_df.format.layout import parse_region_id
+from memwal_df.format.schema import TableSchema, conform
+from memwal_df.read.dataset import MemWalTable
 from memwal_df.table import Table
 
 

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from memwal_df import gc as _gc
-from memwal_df import maintain as _maintain
 from memwal_df.cli import _common as c
 from memwal_df.errors import CorruptRegionsError, InvalidArgumentError
-from memwal_df.layout import parse_region_id
+from memwal_df.format.layout import parse_region_id
+from memwal_df.jobs import garbage as _gc
+from memwal_df.jobs import maintain as _maintain
 
 
 def register(sub: argparse._SubParsersAction) -> None:

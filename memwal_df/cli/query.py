@@ -17,10 +17,10 @@ import pyarrow as pa
 
 from memwal_df import errors
 from memwal_df.cli import _common as c
-from memwal_df.dataset import MemWalTable
 from memwal_df.errors import InvalidArgumentError
-from memwal_df.sql import register as register_functions
-from memwal_df.sqlexpr import parse_filter
+from memwal_df.read.dataset import MemWalTable
+from memwal_df.read.sql import register as register_functions
+from memwal_df.read.sqlexpr import parse_filter
 from memwal_df.table import open_table
 
 CONSISTENCY = ("latest", "snapshot")

@@ -7,7 +7,7 @@ import uuid
 
 from pyspark.sql import DataFrame, SparkSession
 
-from memwal_df.merger import MergeResult, RegionMerge
+from memwal_df.jobs.merger import MergeResult, RegionMerge
 from memwal_df.spark.routing import route
 from memwal_df.table import Table, open_table
 

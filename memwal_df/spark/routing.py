@@ -1,7 +1,7 @@
 """Routing inside Spark: each row gets its region (column `__memwal_region`), then rows are
 repartitioned by it so that every region is written by exactly one task.
 
-Two ways, one result (the routing of `memwal_df.writer.TableWriter`):
+Two ways, one result (the routing of `memwal_df.write.table_writer.TableWriter`):
 * a `bucket` / `multi_bucket` spec over integer, boolean or date columns: Lance's bucket,
   ``(murmur3(x) & 0x7fffffff) % N`` with the Spark-style Murmur3_x86_32 at seed 0, as a Spark
   expression (32-bit arithmetic on bigints; Spark's own `hash()` has seed 42). The route value is
@@ -24,10 +24,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from memwal_df.errors import RegionRoutingError
-from memwal_df.region_spec import Bucket, MultiBucket, RegionSpec, Unsharded
-from memwal_df.schema import check_columns, conform
+from memwal_df.format.region_spec import Bucket, MultiBucket, RegionSpec, Unsharded
+from memwal_df.format.schema import check_columns, conform
 from memwal_df.table import Table
-from memwal_df.writer import region_of_row, value_codes
+from memwal_df.write.table_writer import region_of_row, value_codes
 
 ROUTE = "__memwal_region"
 
@@ -162,7 +162,7 @@ def _spec(table: Table) -> RegionSpec:
 def check_routable(table: Table, columns: list[str], keys_only: bool) -> RegionSpec:
     """The table's region spec, after checking that rows of `columns` can be written and routed with
     it, as `TableWriter` checks them: the primary-key columns if `keys_only`, else every column of
-    the table (`memwal_df.schema.check_columns`: `SchemaMismatchError`, `MissingColumnsError`), and a
+    the table (`memwal_df.format.schema.check_columns`: `SchemaMismatchError`, `MissingColumnsError`), and a
     spec that a key alone routes (`RegionRoutingError`)."""
     spec, ts = _spec(table), table.schema
     if keys_only:

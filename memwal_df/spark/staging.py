@@ -4,12 +4,13 @@ A task of `df.write.format("memwal").save(uri)` without the routing column may h
 region, and so may every other task of the job. Each task
 
 1. **stages** its partition: every Arrow batch is validated as `TableWriter.put` / `delete` validate
-   (`memwal_df.schema.upsert_rows` / `key_rows`: every column, keys, NULLs) and grouped by
-   region with the table writer's vectorized routing (`memwal_df.writer.group_by_region`); the groups
+   (`memwal_df.format.schema.upsert_rows` / `key_rows`: every column, keys, NULLs) and grouped by
+   region with the table writer's vectorized routing
+   (`memwal_df.write.table_writer.group_by_region`); the groups
    are kept per region in memory up to `stage_memory_bytes`, beyond that the largest region's rows
    are spilled to an Arrow IPC stream file in a private temporary directory (`RegionStage`);
 2. **writes** each staged region under the job's lease on that region
-   (`_mem_wal/_write_leases/{job}/{region}`, `memwal_df.lease`, holder = job + partition): it tries
+   (`_mem_wal/_write_leases/{job}/{region}`, `memwal_df.format.lease`, holder = job + partition): it tries
    the free regions first and waits only when every region left is busy, and it holds no lease while
    it waits and at most one while it writes, so tasks never deadlock. The lease is renewed while the
    region is written and released after it; a retried attempt of the partition (the same holder)
@@ -38,12 +39,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_df import layout, lease
 from memwal_df.errors import InvalidConfigError, WriterFencedError
-from memwal_df.schema import key_rows, upsert_rows
-from memwal_df.storage import Storage
+from memwal_df.format import layout, lease
+from memwal_df.format.schema import key_rows, upsert_rows
+from memwal_df.format.storage import Storage
 from memwal_df.table import Table
-from memwal_df.writer import group_by_region
+from memwal_df.write.table_writer import group_by_region
 
 DEFAULT_STAGE_MEMORY_BYTES = 256 * 1024 * 1024
 DEFAULT_LEASE_TTL = timedelta(seconds=60)

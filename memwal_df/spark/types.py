@@ -2,7 +2,7 @@
 
 Spark has no fixed-size lists: a vector column (`fixed_size_list<float32>[d]`) is a Spark
 `array<float>`. Reads turn vectors into variable-size lists; writes cast them back (a row whose
-array does not have `d` elements is a `SchemaMismatchError`, raised by `memwal_df.schema.conform`).
+array does not have `d` elements is a `SchemaMismatchError`, raised by `memwal_df.format.schema.conform`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,9 @@
+"""The bytes on storage: everything memwal_df reads or writes, in the formats Lance 14 uses.
+
+Owns the storage backends and the table layout, the WAL entry codec and the row model (`rows`), region
+manifests, the base table's manifest and MemWAL index entry, region specs and their transforms, region
+snapshots, bloom filters, primary-key indexes, leases and the generated protobuf messages.
+
+May import: `memwal_df.errors`, `memwal_df.pools` and other `format` modules. Nothing here knows about
+writers, readers or jobs.
+"""

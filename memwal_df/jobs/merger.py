@@ -1,0 +1,250 @@
+"""The merger (spec "MemTable merger" and appendix 2): flushed generations into the base table.
+
+`merge(table)` merges, per region, every flushed generation above the region's merged generation in
+ascending order. One generation is at most two Lance commits:
+
+1. its tombstones, as `merge_insert(pk).when_matched_delete()` with no conflict retries (Lance 14
+   cannot put a delete and an upsert into one commit, and the merge marker can be set only once);
+2. its live rows, as `merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()` with
+   `mark_sstables_as_compacted([(region, generation)])`: the data and the progress commit atomically.
+
+Guarantees:
+- Merge progress never goes backwards and no generation is merged twice or after a newer one: each
+  pass commits from a pinned base version `R` at which the generation is unmerged, without Lance's
+  conflict retries (Lance would re-execute it on a newer version, past that check); pass 2 first waits
+  until no MemWAL index-entry writer holds the entry lease (`entry_lease.admit`). Index-entry commits
+  then never lower progress (see `memwal_df/entry_lease.py`), so progress at `R` is the highest any
+  version recorded, and Lance's "Stale SSTable compaction" check (marker not above the newest
+  recorded one) makes a marker commit the first and only one for its generation. The merger takes
+  "Stale" as "another merger got there first" and goes on; a lost race pins a new version and checks
+  again.
+- A crash after pass 1 leaves the base without rows the unmerged generation deletes anyway (readers
+  see the same rows); the next merge repeats pass 1 (a no-op) and commits pass 2. A crash after pass 2
+  is a completed merge. Pass 1 deletes only rows of `R`, all from generations below this one, so it
+  never deletes a key a later generation re-inserted.
+- Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
+  commits); the generations of one region always merge one after the other. Off by default: the
+  commits of concurrent regions conflict and Lance re-executes them, so on few cores parallel
+  regions are slower than serial (`bench/merge.py`, docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance.dataset import MergeInsertBuilder
+from lance.mem_wal import CompactedSsTable
+
+from memwal_df.errors import (
+    CommitConflictError,
+    CorruptRegionsError,
+    InvalidConfigError,
+    MissingGenerationError,
+)
+from memwal_df.format import entry_lease, layout, memwal_index
+from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.storage import Storage
+from memwal_df.jobs.repair import each_region
+from memwal_df.read.cache import described_indices
+
+if TYPE_CHECKING:
+    from memwal_df.table import Table
+
+TOMBSTONE = "_tombstone"
+MAX_ATTEMPTS = 50  # tries per generation when its commits keep losing races (each loss: another commit)
+_BACKOFF = (0.005, 0.5)  # seconds: first and longest cap of the random wait after a lost race
+_STALE_MARKER = "Stale SSTable compaction"
+LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
+_PARALLEL_REGIONS = 8
+
+
+@dataclass(frozen=True)
+class RegionMerge:
+    """What one `merge` did in one region."""
+
+    region_id: uuid.UUID
+    generations: tuple[int, ...]  # merged by this call, ascending
+    skipped: tuple[int, ...]  # found merged by another merger while this call worked on them
+    rows_upserted: int
+    rows_deleted: int  # tombstones applied (whether or not the base held the key)
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What one `merge` committed; `base_version` is the base table's latest version afterwards."""
+
+    regions: tuple[RegionMerge, ...]
+    base_version: int
+
+    @property
+    def generations(self) -> dict[uuid.UUID, tuple[int, ...]]:
+        """Region -> generations this call merged (regions with none are left out)."""
+        return {r.region_id: r.generations for r in self.regions if r.generations}
+
+    @property
+    def rows(self) -> int:
+        """Source rows merged (upserts + tombstones)."""
+        return sum(r.rows_upserted + r.rows_deleted for r in self.regions)
+
+
+def merge_progress(storage: Storage, version: int | None = None) -> dict[uuid.UUID, int]:
+    """Region -> merged generation recorded at base `version` (default: the latest).
+
+    Entry writers never lower it (`entry_lease`), so it is also the highest progress any earlier
+    version recorded."""
+    found = memwal_index.read_details(storage.uri, storage.storage_options or None, version)
+    return memwal_index.merged_generations(found[0]) if found else {}
+
+
+def merge(
+    table: Table,
+    regions: Iterable[uuid.UUID | str] | None = None,
+    max_generations: int | None = None,
+    parallel: bool = False,
+) -> MergeResult:
+    """Merge flushed generations into the base table (see the module docstring).
+
+    `regions`: the regions to merge (default: all); `max_generations`: at most this many generations
+    per region, oldest first. Raises `InvalidConfigError` for a bad argument, `MissingGenerationError`
+    when an unmerged generation listed in a region manifest is gone, `CommitConflictError` when a
+    generation keeps losing commit races, and, after merging every other region,
+    `CorruptRegionsError` (`result`: this `MergeResult`) for regions whose manifest cannot be decoded."""
+    if max_generations is not None and max_generations < 1:
+        raise InvalidConfigError(f"max_generations must be >= 1, got {max_generations}")
+    try:
+        ids = sorted({uuid.UUID(str(r)) for r in regions}) if regions is not None else table.region_ids()
+    except ValueError as e:
+        raise InvalidConfigError(f"not a region id: {e}") from e
+    merger = _Merger(table, max_generations)
+    if parallel and len(ids) > 1:
+        with ThreadPoolExecutor(min(len(ids), _PARALLEL_REGIONS), thread_name_prefix="memwal-merge") as pool:
+            done, failed = each_region(merger.region, ids, pool.map)
+    else:
+        done, failed = each_region(merger.region, ids)
+    table.refresh()
+    result = MergeResult(tuple(done), table.dataset.version)
+    if failed:
+        raise CorruptRegionsError("merge", failed, result)
+    return result
+
+
+def _backoff(attempt: int) -> None:
+    """Sleep a random time up to an exponentially growing cap: racing mergers spread out."""
+    time.sleep(random.uniform(0, min(_BACKOFF[1], _BACKOFF[0] * 2**attempt)))
+
+
+class _Merger:
+    def __init__(self, table: Table, max_generations: int | None) -> None:
+        self.storage = table.storage
+        self.uri = table.uri
+        self.options = table.storage_options or None
+        self.pk = list(table.schema.primary_key)
+        self.max_generations = max_generations
+
+    def region(self, region_id: uuid.UUID) -> RegionMerge:
+        manifest = RegionManifestStore(self.storage, region_id).latest()
+        listed = sorted((s.generation, s.path) for s in manifest.sstables) if manifest is not None else []
+        floor = merge_progress(self.storage).get(region_id, 0)
+        todo = [(g, p) for g, p in listed if g > floor][: self.max_generations]
+        merged, skipped, upserted, deleted = [], [], 0, 0
+        for gen, path in todo:
+            counts = self._generation(region_id, gen, layout.generation_path(region_id, path))
+            if counts is None:
+                skipped.append(gen)
+                continue
+            merged.append(gen)
+            upserted += counts[0]
+            deleted += counts[1]
+        return RegionMerge(region_id, tuple(merged), tuple(skipped), upserted, deleted)
+
+    def _merged(self, region_id: uuid.UUID, gen: int, version: int | None = None) -> bool:
+        return merge_progress(self.storage, version).get(region_id, 0) >= gen
+
+    def _generation(self, region_id: uuid.UUID, gen: int, path: str) -> tuple[int, int] | None:
+        """Merge one generation: (rows upserted, tombstones applied), or None if already merged.
+
+        Each pass commits from a pinned base version at which the generation is still unmerged, with
+        Lance's conflict retries off; a lost race pins the latest version and checks again."""
+        rows: tuple[pa.Table, pa.Table] | None = None
+        deleted = False
+        for attempt in range(MAX_ATTEMPTS):
+            ds = self._dataset()
+            if self._merged(region_id, gen, ds.version):
+                return None
+            if rows is None:
+                try:
+                    rows = self._read(path, ds.schema)
+                except MissingGenerationError:
+                    if self._merged(region_id, gen):  # merged and garbage-collected meanwhile
+                        return None
+                    raise
+            live, dead = rows
+            if dead.num_rows and not deleted:
+                # At this version no generation >= gen is merged, so every matched row is older.
+                deleted = self._commit(self._builder(ds).when_matched_delete(), dead)
+                if deleted:
+                    continue  # pass 2 pins a version after our own commit
+            elif not entry_lease.admit(self.storage, self.uri, self.options):
+                continue  # an index-entry writer was committing: pin a version after it
+            else:
+                upsert = (
+                    self._builder(ds)
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
+                )
+                try:
+                    if self._commit(upsert, live):
+                        return live.num_rows, dead.num_rows
+                except OSError as e:
+                    if _STALE_MARKER in str(e):
+                        return None  # another merger recorded this generation (or a later one)
+                    raise
+            _backoff(attempt)  # lost a commit race
+        raise CommitConflictError(
+            f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
+        )
+
+    def _builder(self, ds: lance.LanceDataset) -> MergeInsertBuilder:
+        """`merge_insert` on the primary key, joining through Lance's scalar indexes only when every
+        key column has one: Lance otherwise gains nothing from the look-up, which logs an ERROR for
+        the MemWAL index (an index without fields; see `memwal_df/_lance_log.py`)."""
+        indexed = {d.field_names[0] for d in described_indices(ds) if len(d.field_names) == 1}
+        return ds.merge_insert(self.pk).use_index(indexed.issuperset(self.pk))
+
+    def _dataset(self) -> lance.LanceDataset:
+        return lance.dataset(self.uri, storage_options=self.options)
+
+    def _read(self, path: str, base: pa.Schema) -> tuple[pa.Table, pa.Table]:
+        """(live rows, tombstones) of a generation, cast to `base`, without `_tombstone`."""
+        try:
+            rows = lance.dataset(self.storage.child_uri(path), storage_options=self.options).to_table()
+        except (ValueError, OSError) as e:
+            raise MissingGenerationError(f"flushed generation {path} cannot be read: {e}") from e
+        dead = pc.fill_null(rows.column(TOMBSTONE), False)
+        rows = rows.drop_columns([TOMBSTONE])
+        rows = rows.cast(pa.schema([base.field(n) for n in rows.column_names]))
+        return rows.filter(pc.invert(dead)), rows.filter(dead)
+
+    @staticmethod
+    def _commit(builder: MergeInsertBuilder, source: pa.Table) -> bool:
+        """Execute a merge_insert from its pinned version without Lance's retries (Lance would
+        re-execute it on a newer version, past our checks); False if the commit lost a race."""
+        try:
+            builder.conflict_retries(0).execute(source)
+        except lance.commit.CommitConflictError:
+            return False
+        except OSError as e:
+            if any(m in str(e) for m in LOST_RACE):
+                return False
+            raise
+        return True

@@ -1,0 +1,412 @@
+"""TakeLastExec: the newest row of each requested key within one level of the LSM tree.
+
+Guarantees:
+
+* At most one row per requested key: the newest one the level holds, never an older duplicate. A
+  tombstone is a row like any other (`_tombstone = true`); a key the level does not hold has no row.
+* Output columns: the requested columns, then the key columns not requested, then `_tombstone`.
+  Base-table rows get `_tombstone = false` (the base table holds live rows only).
+* A generation that was garbage-collected (its directory is gone, before or while it is read) holds
+  nothing; that is not an error (spec: its rows are in the base table already). Readers kept open
+  from an earlier lookup (see `_fragment_take`), or its in-memory copy, may still serve a collected
+  generation: they return its rows, which is what the snapshot that lists the generation holds.
+
+How each level is read:
+
+* flushed generation: the generation's `_pk_index` (sorted keys with the row offset of every row in
+  fragment 0, dedup-deleted rows included) gives the newest offset per key. Without a deletion
+  vector (memwal_df's generations) offsets are visible offsets and the rows are taken from the
+  generation's in-memory copy once it is loaded (`generation_rows`: small generations, loaded in the
+  background after the first lookup), else through a kept `FragmentSession`; with one (native
+  generations) by row address (`LanceDataset._take_rows`, which takes physical offsets in fragment 0
+  and drops rows a deletion vector hides; `take()` and `LanceFragment.take()` count only visible
+  rows, so they cannot be fed index offsets). The index is read once per process
+  (`snapshot.GENERATIONS`). A generation without a usable index (none, or not one fragment 0 of the
+  indexed size) is scanned with a key filter instead and the row with the
+  largest row address per key is kept.
+* unflushed MemTable: vectorized membership test on the key columns (the copy is newest-per-key).
+* base table with a one-column integer key and at most `MAX_MAPPED_BASE_ROWS` rows: a key map of
+  the pinned base version (sorted keys with each row's fragment and visible offset, 16 bytes per row,
+  built from one scan of the key column the first time that dataset object is looked up in, dropped
+  with it) finds the rows, taken through kept `FragmentSession`s. Absent keys cost no read at all.
+* any other base table: a scan with `key IN (...)` pushed into Lance, which answers it from a scalar
+  index on the key (btree, bitmap) when there is one; the scan stops once every key is found (the
+  base holds each key once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_df.errors import NotFoundError
+from memwal_df.format import pk_index
+from memwal_df.read.cache import PerObjectCache, described_indices
+from memwal_df.read.exec import generation_rows
+from memwal_df.read.exec.base import ExecNode, short_id
+from memwal_df.read.keys import (
+    TOMBSTONE,
+    encode_keys,
+    key_filter,
+    last_per_key,
+    member_mask,
+    output_columns,
+)
+from memwal_df.read.snapshot import Level
+
+__all__ = ["TakeLastExec", "level_label", "take_addresses"]
+
+_ROWADDR = "_rowaddr"
+
+
+@dataclass(frozen=True)
+class _PkIndex:
+    values: pa.Array  # sorted keys (composite keys encoded)
+    ids: np.ndarray  # uint64 row offsets in fragment 0, aligned with values
+    visible_is_physical: bool  # fragment 0 has no deletion vector: offsets are `take` offsets
+
+
+def level_label(level: Level) -> str:
+    """`generation 3 of region 1a2b3c4d…` / `memtable 4 of region 1a2b3c4d…`."""
+    return f"{level.kind} {level.generation} of region {short_id(level.region_id)}"
+
+
+def _load_pk_index(level: Level, ds: lance.LanceDataset) -> _PkIndex | None:
+    """The generation's `_pk_index`, or None when it has none or it cannot address the rows."""
+    fragments = ds.get_fragments()
+    if len(fragments) != 1 or fragments[0].fragment_id != 0:
+        return None
+    try:
+        values, ids = pk_index.read_pk_index(
+            level.storage.child_uri(level.path or ""), level.storage.storage_options or None
+        )
+    except NotFoundError:
+        return None
+    physical_rows = fragments[0].metadata.physical_rows
+    if len(ids) != physical_rows or (len(ids) and int(ids.max()) >= physical_rows):
+        return None  # not this fragment's index
+    return _PkIndex(values, ids, fragments[0].metadata.deletion_file is None)
+
+
+def _pk_index_bytes(index: _PkIndex | None) -> int:
+    return 0 if index is None else index.values.nbytes + index.ids.nbytes
+
+
+def _generation_gone(level: Level) -> bool:
+    try:
+        return not level.storage.list_dir(f"{level.path}/_versions")
+    except NotFoundError:
+        return True
+
+
+def _index_on_key(ds: lance.LanceDataset, primary_key: Sequence[str]) -> str | None:
+    """`btree index id_idx on id` for the first scalar index on a key column, else None."""
+    try:
+        indices = described_indices(ds)
+    except (OSError, ValueError):
+        return None
+    for d in indices:
+        names = list(d.field_names)
+        kind = d.type_url.rsplit(".", 1)[-1].removesuffix("IndexDetails")
+        if len(names) == 1 and names[0] in primary_key and kind.lower() not in ("inverted", "vector"):
+            return f"{kind.lower()} index {d.name} on {names[0]}"
+    return None
+
+
+class TakeLastExec(ExecNode):
+    """The newest row of each requested key within ONE level (tombstones included, as rows with
+    _tombstone=True), columns = requested + key columns + _tombstone."""
+
+    def __init__(
+        self,
+        source: Level | lance.LanceDataset,
+        keys: pa.Table,
+        columns: Sequence[str],
+        primary_key: Sequence[str],
+    ) -> None:
+        self.source = source
+        self.primary_key = list(primary_key)
+        self.keys = keys.select(self.primary_key)
+        self.columns = output_columns(columns, self.primary_key)
+        self.method: str | None = None  # how the level was read, once known
+        self.rows_out = 0
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def source_label(self) -> str:
+        if isinstance(self.source, Level):
+            return level_label(self.source)
+        return f"base table v{self.source.version}"
+
+    def describe(self) -> str:
+        if self.method is None:
+            if isinstance(self.source, Level):
+                self.method = "_pk_index" if self.source.kind == "generation" else "key hash match"
+            else:
+                self.method = _base_method(self.source, self.primary_key)
+        return f"TakeLastExec: {self.source_label}, via {self.method}, keys={self.keys.num_rows}"
+
+    # ------------------------------------------------------------------ execution
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        if self.keys.num_rows == 0:
+            return
+        if isinstance(self.source, Level):
+            if self.source.kind == "memtable":
+                result = self._memtable(self.source)
+            else:
+                result = self._generation(self.source)
+            if result is not None and result.num_rows:
+                self.rows_out += result.num_rows
+                yield from (b for b in result.to_batches() if b.num_rows)
+            return
+        yield from self._base(self.source)
+
+    def _memtable(self, level: Level) -> pa.Table:
+        self.method = "key hash match"
+        table, held = level.table, level.keys(self.primary_key)  # the level's keys: encoded once
+        assert table is not None and held is not None
+        wanted = encode_keys(self.keys, self.primary_key)
+        if wanted.type != held.type:
+            wanted = wanted.cast(held.type)
+        table = table.filter(pc.is_in(held, value_set=wanted))
+        return last_per_key(table, self.primary_key).select([*self.columns, TOMBSTONE])
+
+    def _generation(self, level: Level) -> pa.Table | None:
+        ds = level.dataset()
+        if ds is None:
+            self.method = "nothing (generation garbage-collected)"
+            return None
+        try:
+            index = level.cached("pk_index", lambda: _load_pk_index(level, ds), _pk_index_bytes)
+            if index is not None:
+                self.method = "_pk_index"
+                taken = self._take_by_index(level, ds, index)
+                if taken is not None:
+                    return taken
+                self.method = "filtered scan (the _pk_index does not match the visible rows)"
+            else:
+                self.method = "filtered scan (no _pk_index)"
+            return self._scan_last(ds)
+        except (OSError, ValueError, NotFoundError):
+            if _generation_gone(level):  # collected while we read it
+                level.missing = True
+                self.method = "nothing (generation garbage-collected)"
+                return None
+            raise
+
+    def _take_by_index(self, level: Level, ds: lance.LanceDataset, index: _PkIndex) -> pa.Table | None:
+        """The newest rows by `_pk_index` offsets (from the in-memory copy when there is one); None if
+        the index disagrees with the visible rows."""
+        encoded = encode_keys(self.keys, self.primary_key)
+        rows = pk_index.lookup(index.values, index.ids, encoded)
+        offsets = np.unique(rows[rows >= 0])
+        columns = [*self.columns, TOMBSTONE]
+        if len(offsets) == 0:
+            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+        if index.visible_is_physical:
+            copy = generation_rows.cached_rows(level, ds, index.values, index.ids, self.primary_key)
+            if copy is not None:  # checked against the index when it was loaded
+                self.method = "_pk_index, in-memory rows"
+                return generation_rows.take(copy, offsets, columns)
+            taken = _fragment_take(ds, 0, offsets, columns)
+        else:  # fragment 0, no stable row ids: a row address is the physical offset
+            taken = ds._take_rows(pa.array(offsets, pa.uint64()), columns=columns)
+        if taken.num_rows != len(offsets) or not member_mask(taken, self.primary_key, encoded).all():
+            return None  # a newest row is hidden by a deletion vector, or the index is not this data's
+        return taken
+
+    def _scan_last(self, ds: lance.LanceDataset) -> pa.Table:
+        encoded = encode_keys(self.keys, self.primary_key)
+        table = ds.to_table(
+            columns=[*self.columns, TOMBSTONE],
+            filter=key_filter(self.keys, self.primary_key),
+            with_row_address=True,
+        )
+        table = table.filter(member_mask(table, self.primary_key, encoded))
+        order = table.column(_ROWADDR).to_numpy()
+        return last_per_key(table, self.primary_key, order).drop_columns([_ROWADDR])
+
+    def _base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
+        key_map = _base_key_map(ds, self.primary_key)
+        if key_map is not None:
+            taken = key_map.take(ds, self.keys.column(0), self.columns)
+            if taken is not None:
+                self.method = "key map"
+                if taken.num_rows:
+                    self.rows_out += taken.num_rows
+                    yield from (b for b in _live(taken).to_batches() if b.num_rows)
+                return
+            self.method = "filtered scan (the key map does not apply to these keys)"
+        yield from self._scan_base(ds)
+
+    def _scan_base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
+        unfound = encode_keys(self.keys, self.primary_key)
+        scanner = ds.scanner(columns=self.columns, filter=key_filter(self.keys, self.primary_key))
+        for batch in scanner.to_batches():
+            if batch.num_rows == 0:
+                continue
+            hit = member_mask(batch, self.primary_key, unfound)
+            if not hit.any():
+                continue
+            rows = pa.Table.from_batches([batch]).filter(hit)
+            rows = _first_per_key(rows, self.primary_key)
+            found = encode_keys(rows, self.primary_key).cast(unfound.type)
+            unfound = unfound.filter(pc.invert(pc.is_in(unfound, value_set=found)))
+            out = _live(rows)
+            self.rows_out += out.num_rows
+            yield from (b for b in out.to_batches() if b.num_rows)
+            if len(unfound) == 0:
+                return  # every key found: the base holds each key once
+
+
+def _live(rows: pa.Table) -> pa.Table:
+    """Base-table rows with `_tombstone = false` appended."""
+    flag = pa.array(np.zeros(rows.num_rows, dtype=bool), pa.bool_())
+    return rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
+
+
+_MAX_SESSIONS = 64  # per dataset object: one per fragment and column list in use
+_sessions: PerObjectCache[lance.LanceDataset, dict[tuple[int, tuple[str, ...]], Any]] = PerObjectCache()
+
+
+def _fragment_take(
+    ds: lance.LanceDataset, fragment_id: int, offsets: np.ndarray, columns: Sequence[str]
+) -> pa.Table:
+    """The rows at `offsets` (strictly increasing) among the visible rows of fragment `fragment_id`,
+    read through a `FragmentSession` kept per dataset object, fragment and column list (it keeps the
+    file readers open: a take costs about half of `_take_rows`)."""
+    sessions = _sessions.get(ds, dict)
+    key = (fragment_id, tuple(columns))
+    session = sessions.get(key)
+    if session is None:
+        if len(sessions) >= _MAX_SESSIONS:
+            sessions.clear()
+        session = sessions[key] = ds.get_fragment(fragment_id).open_session(list(columns))
+    return session.take(pa.array(offsets, pa.uint64()))
+
+
+_whole: PerObjectCache[lance.LanceDataset, dict[int, bool]] = PerObjectCache()
+
+
+def take_addresses(ds: lance.LanceDataset, addresses: np.ndarray, columns: Sequence[str]) -> pa.Table:
+    """The live rows at row `addresses` (`_rowaddr`: fragment id << 32 | physical offset), in that
+    order. A fragment without a deletion file (physical offsets are visible offsets) is read through
+    its kept `FragmentSession` (the cheaper read), any other through `_take_rows`."""
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    whole = _whole.get(
+        ds, lambda: {f.fragment_id: f.metadata.deletion_file is None for f in ds.get_fragments()}
+    )
+    fragments = (addresses >> np.uint64(32)).astype(np.int64)
+    order = np.argsort(addresses, kind="stable")
+    parts = []
+    for fragment in np.unique(fragments):
+        at = addresses[order[fragments[order] == fragment]]
+        if whole.get(int(fragment), False) and len(np.unique(at)) == len(at):
+            parts.append(_fragment_take(ds, int(fragment), at & np.uint64(0xFFFFFFFF), columns))
+        else:
+            parts.append(ds._take_rows(pa.array(at, pa.uint64()), columns=list(columns)))
+    if not parts:
+        return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+    taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    if taken.num_rows != len(addresses):
+        raise NotFoundError(f"{len(addresses) - taken.num_rows} of the rows taken by address are gone")
+    return taken.take(pa.array(np.argsort(order)))
+
+
+@dataclass(frozen=True)
+class _KeyMap:
+    """Every key of one base version, sorted, with where its row is: the fragment and the row's
+    offset among the fragment's visible rows (what `LanceFragment.take` takes)."""
+
+    column: str
+    keys: np.ndarray
+    fragments: np.ndarray  # fragment id per key
+    offsets: np.ndarray  # visible offset per key
+    key_type: pa.DataType
+
+    @classmethod
+    def build(cls, ds: lance.LanceDataset, column: str) -> _KeyMap:
+        t = ds.to_table(columns=[column], with_row_address=True)
+        address = t.column(_ROWADDR).to_numpy()
+        fragments = (address >> np.uint64(32)).astype(np.uint32)
+        # A row's visible offset: its rank among the visible rows of its fragment, by address.
+        by_address = np.argsort(address, kind="stable")
+        sorted_fragments = fragments[by_address]
+        offsets = np.empty(len(address), np.uint32)  # a fragment has fewer than 2^32 rows
+        offsets[by_address] = np.arange(len(address)) - np.searchsorted(sorted_fragments, sorted_fragments)
+        keys = t.column(column).to_numpy()
+        order = np.argsort(keys, kind="stable")
+        return cls(column, keys[order], fragments[order], offsets[order], t.schema.field(column).type)
+
+    def take(self, ds: lance.LanceDataset, wanted: pa.ChunkedArray, columns: list[str]) -> pa.Table | None:
+        """The rows of the `wanted` keys (NULLs match nothing), `columns` including the key column;
+        None when the keys are not of the map's type or the rows taken are not the rows mapped (then
+        the caller scans)."""
+        if wanted.type != self.key_type:
+            return None
+        probe = pc.drop_null(wanted).to_numpy()
+        if len(self.keys) == 0 or len(probe) == 0:
+            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+        pos = np.minimum(np.searchsorted(self.keys, probe), len(self.keys) - 1)
+        hits = np.unique(pos[self.keys[pos] == probe])
+        if len(hits) == 0:
+            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+        parts = [
+            _fragment_take(ds, int(f), np.sort(self.offsets[hits[self.fragments[hits] == f]]), columns)
+            for f in np.unique(self.fragments[hits])
+        ]
+        taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        got = np.sort(taken.column(self.column).to_numpy())
+        return taken if np.array_equal(got, self.keys[hits]) else None
+
+
+MAX_MAPPED_BASE_ROWS = 4_000_000
+_NOT_MAPPED = object()
+_base_key_maps: PerObjectCache[lance.LanceDataset, object] = PerObjectCache()
+
+
+def _mappable(ds: lance.LanceDataset, primary_key: Sequence[str]) -> bool:
+    return (
+        len(primary_key) == 1
+        and pa.types.is_integer(ds.schema.field(primary_key[0]).type)
+        and ds.count_rows() <= MAX_MAPPED_BASE_ROWS
+    )
+
+
+def _base_method(ds: lance.LanceDataset, primary_key: Sequence[str]) -> str:
+    """How a lookup in this base table runs, as `describe()` names it."""
+    if _mappable(ds, primary_key):
+        return "key map"
+    index = _index_on_key(ds, primary_key)
+    return index if index is not None else "filtered scan"
+
+
+def _base_key_map(ds: lance.LanceDataset, primary_key: Sequence[str]) -> _KeyMap | None:
+    """The key map of this base dataset object (a pinned version), built on first use; None when the
+    base is not mapped (see the module docstring)."""
+
+    def build() -> object:
+        return _KeyMap.build(ds, primary_key[0]) if _mappable(ds, primary_key) else _NOT_MAPPED
+
+    found = _base_key_maps.get(ds, build)
+    return found if isinstance(found, _KeyMap) else None
+
+
+def _first_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """One row per key, the first (the base holds each key once; this only guards against a stray copy)."""
+    n = table.num_rows
+    if n <= 1:
+        return table
+    return last_per_key(table, primary_key, order=np.arange(n, 0, -1))
+
+
+def _project(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    return pa.schema([schema.field(c) for c in columns])

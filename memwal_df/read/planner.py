@@ -1,0 +1,145 @@
+"""The query planner: from a read snapshot and the pushed filter to one operator tree per partition.
+
+Scan plan (spec "Query Planning"): region pruning from the filter through each region-spec transform's
+`project`, then one `DeduplicateExec` per remaining region with levels, and the base table cut into
+one `_rowaddr` span per core (a large fragment is split across spans, so one big base fragment is
+still read in parallel), each an `AntiJoinScanExec` that drops keys held by any newer level.
+The key set of the newer levels is built once per query, on first use, from the same per-region
+`LevelKeys` the `DeduplicateExec`s grow, and shared by the partitions.
+
+Indexed read plan (spec "Indexed Read Plan"): when the filter constrains a column that has a base
+scalar index and the index is behind the merges, `memwal_df.read.catchup` may prove that the fragments it
+does not cover hold exactly the newest rows of the generations merged since; those generations are
+then read as the oldest levels of their regions and the fragments are not scanned.
+
+Guarantees: the union of the partitions' outputs is exactly the live newest rows matching the filter,
+each key once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+
+from memwal_df.format.region_spec import RegionSpec
+from memwal_df.read.catchup import Coverage, index_coverage
+from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys, base_spans
+from memwal_df.read.exec.keyset import KeySet
+from memwal_df.read.exec.union import UnionExec
+from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
+
+MakeNode = Callable[[Sequence[str]], ExecNode]
+
+MIN_SPAN_ROWS = 65_536
+"""Base partitions are not cut smaller: every Lance scan has a fixed cost to start."""
+
+
+@dataclass
+class Partition:
+    """One DataFusion partition: builds its operator tree for the projected columns."""
+
+    label: str
+    make: MakeNode
+
+
+class _SharedKeys:
+    """The keys of every level of the given regions, computed once (thread-safe) when first needed."""
+
+    def __init__(self, regions: list[LevelKeys], key_type: Any) -> None:
+        self._regions = regions
+        self._type = key_type
+        self._lock = threading.Lock()
+        self._keys: KeySet | None = None
+
+    def __call__(self) -> KeySet:
+        with self._lock:
+            if self._keys is None:
+                self._keys = KeySet.merge([r.all() for r in self._regions], self._type)
+            return self._keys
+
+
+def key_type(snapshot: ReadSnapshot) -> Any:
+    """The Arrow type of a key array (the column's type, or binary for composite keys)."""
+    pk = snapshot.schema.primary_key
+    return snapshot.schema.schema.field(pk[0]).type if len(pk) == 1 else pa.binary()
+
+
+def prune_regions(
+    snapshot: ReadSnapshot, specs: dict[int, RegionSpec], column_predicates: dict[str, list[Any]]
+) -> list[RegionLevels]:
+    """The regions whose region values may match the predicates (all of them when nothing prunes).
+    Raises the `CorruptManifestError` of an unreadable region the predicates do not prune."""
+    field_ids = snapshot.schema.field_ids
+
+    def may_match(region: RegionLevels | UnreadableRegion) -> bool:
+        spec = specs.get(region.spec_id)
+        if not column_predicates or spec is None or region.values is None:
+            return True
+        return bool(spec.prune([region.values], column_predicates, field_ids))
+
+    snapshot.require_readable([r for r in snapshot.unreadable if may_match(r)])
+    return [r for r in snapshot.regions if may_match(r)]
+
+
+def plan_scan(
+    snapshot: ReadSnapshot,
+    specs: dict[int, RegionSpec],
+    filter: Any,
+    column_predicates: dict[str, list[Any]],
+    partitions: int | None = None,
+) -> list[Partition]:
+    """Partitions of a scan: one per region with levels to read (with its gap generations when the
+    base is read through a behind index), then up to `partitions` (default: one per core) spans of the
+    base table's rows."""
+    pk = snapshot.schema.primary_key
+    ktype = key_type(snapshot)
+    coverage = index_coverage(snapshot, column_predicates) if column_predicates else None
+    plan = coverage.plan if coverage is not None else None
+    gap = plan.gap if plan is not None else {}
+    regions = [
+        replace(r, levels=r.levels + gap.get(r.region_id, []))
+        for r in prune_regions(snapshot, specs, column_predicates)
+    ]
+    keys = [LevelKeys(r, pk, ktype) for r in regions if r.levels]
+    shadow = _SharedKeys(keys, ktype)
+    index = plan.index if plan is not None else ""
+    out = [
+        Partition(
+            f"region {k.region.region_id}",
+            lambda cols, k=k: DeduplicateExec(
+                k, cols, filter, snapshot.schema.schema, len(gap.get(k.region.region_id, [])), index
+            ),
+        )
+        for k in keys
+    ]
+    scanned = None if plan is None else set(plan.scanned)
+    fragments = [
+        (f.fragment_id, f.metadata.physical_rows)
+        for f in snapshot.base.get_fragments()
+        if scanned is None or f.fragment_id in scanned
+    ]
+    note = _note(coverage)
+    for span in base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS):
+        out.append(
+            Partition(
+                f"base {span.describe()}",
+                lambda cols, span=span: AntiJoinScanExec(snapshot.base, span, pk, cols, filter, shadow, note),
+            )
+        )
+    if not out:  # DataFusion's plans need at least one partition (a sort over none is rejected)
+        out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
+    return out
+
+
+def _note(coverage: Coverage | None) -> str:
+    if coverage is None:
+        return ""
+    if coverage.plan is None:
+        return coverage.note
+    return f"{coverage.plan.index} covers these; {coverage.note}"

@@ -1,0 +1,167 @@
+"""The MemTable: the in-memory level of one region, one Arrow record batch per write.
+
+Beside the batches it keeps the primary-key bloom filter that is flushed as `bloom_filter.bin`, which
+catches up with the batches when it is read (one vectorized pass over the batches appended since), and
+the positions of the newest row of every key (positions count rows across all batches in write order),
+found by one hash aggregation over the key columns when asked for and kept until the next write. A
+write pays only for appending its batch. Tombstones (`_tombstone = true`) are rows like any other: the
+newest row of a key decides whether the key exists.
+
+The maintained vector and full-text indexes (`memwal_df.write.memtable_index`) are kept in `indexes`: the
+writer brings them up to date on every write (`indexed_write`) or in the background, and a reader's
+`snapshot()` indexes whatever they do not cover yet when it searches.
+
+Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `lookup`
+returns the same rows `newest()` holds for those keys. A MemTable is not thread-safe; its region
+writer serializes access (its `indexes` are thread-safe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_df.format.bloom import BloomFilter
+from memwal_df.format.maintained_indexes import MaintainedIndex
+from memwal_df.format.pk_index import pk_index_key
+from memwal_df.write.memtable_index import MemTableIndexes, TermRows, VectorRows
+
+
+class MemTable:
+    """Batches of one generation with a bloom filter of their keys and the newest row of each key."""
+
+    def __init__(
+        self,
+        generation: int,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        indexes: Sequence[MaintainedIndex] = (),
+    ) -> None:
+        self.generation = generation
+        self.schema = schema
+        self.primary_key = list(primary_key)
+        self.batches: list[pa.RecordBatch] = []
+        self.indexes = MemTableIndexes(indexes, schema)
+        self._bloom = BloomFilter.empty()
+        self._bloom_batches = 0  # batches already in _bloom
+        # (batches covered, positions of the newest row per key; None when every row is the newest)
+        self._newest_cache: tuple[int, np.ndarray | None] = (0, None)
+        self.num_rows = 0
+        self.nbytes = 0
+        # WAL positions holding this MemTable's rows (inclusive); 0 while none is durable.
+        self.last_wal_position = 0
+        self.unlogged_entries = 0  # its WAL entries not stored yet (non-durable writers)
+        # Its last writes, which no WAL entry holds: its generation makes them durable (non-durable
+        # writers seal without appending the buffered writes).
+        self.unlogged_tail: list[pa.RecordBatch] = []
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    @property
+    def num_keys(self) -> int:
+        positions = self._newest_positions()
+        return self.num_rows if positions is None else len(positions)
+
+    @property
+    def bloom(self) -> BloomFilter:
+        """The bloom filter of every key written (tombstones included)."""
+        if self._bloom_batches < len(self.batches):
+            new = pa.Table.from_batches(self.batches[self._bloom_batches :], schema=self.schema)
+            self._bloom.insert_keys([new.column(name) for name in self.primary_key])
+            self._bloom_batches = len(self.batches)
+        return self._bloom
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        """Add one write (a batch in WAL schema) to the MemTable."""
+        if batch.num_rows == 0:
+            return
+        self.batches.append(batch)
+        self.num_rows += batch.num_rows
+        self.nbytes += batch.nbytes
+
+    def to_table(self) -> pa.Table:
+        """Every row written, in write order (duplicates and tombstones included)."""
+        return pa.Table.from_batches(self.batches, schema=self.schema)
+
+    def _newest_positions(self) -> np.ndarray | None:
+        """Ascending positions of the newest row of every key; None when every row is one (no key
+        repeats). One hash aggregation (max position per key), cached until the next write."""
+        covered, positions = self._newest_cache
+        if covered == len(self.batches):
+            return positions
+        table = self.to_table()
+        with_positions, position = _with_positions(table.select(self.primary_key))
+        newest = with_positions.group_by(self.primary_key, use_threads=False).aggregate([(position, "max")])
+        if newest.num_rows == table.num_rows:
+            positions = None
+        else:
+            positions = np.sort(newest.column(f"{position}_max").to_numpy())
+        self._newest_cache = (len(self.batches), positions)
+        return positions
+
+    def newest_positions(self) -> np.ndarray:
+        """Positions of the newest row of every key, ascending (= forward write order)."""
+        positions = self._newest_positions()
+        return np.arange(self.num_rows, dtype=np.int64) if positions is None else positions
+
+    def newest(self) -> pa.Table:
+        """One row per key, the newest (tombstones included), in forward write order."""
+        return self._newest()[0]
+
+    def _newest(self) -> tuple[pa.Table, np.ndarray | None]:
+        """(`newest()`, the positions of its rows; None when it is every row)."""
+        positions = self._newest_positions()
+        table = self.to_table()
+        if positions is None:
+            return table, None
+        keep = np.zeros(self.num_rows, dtype=bool)
+        keep[positions] = True  # a filter keeps forward order and copies each kept row once, batch by batch
+        return table.filter(pa.array(keep)), positions
+
+    def snapshot(self) -> MemTableSnapshot:
+        """`newest()` now, with access to the MemTable indexes for those rows."""
+        table, positions = self._newest()
+        return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
+
+    def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
+        """The newest rows (tombstones included) of the given keys that this MemTable holds."""
+        newest = self.newest()
+        asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
+        held = [newest.column(name).combine_chunks() for name in self.primary_key]
+        return newest.filter(pc.is_in(pk_index_key(held), value_set=pk_index_key(asked)))
+
+
+def _with_positions(keys: pa.Table) -> tuple[pa.Table, str]:
+    """`keys` with a column of row positions 0, 1, 2 ... and that column's name (one no key has)."""
+    name = "_position"
+    while name in keys.column_names:
+        name = "_" + name
+    return keys.append_column(name, pa.array(np.arange(keys.num_rows, dtype=np.int64))), name
+
+
+@dataclass(frozen=True, eq=False)
+class MemTableSnapshot:
+    """A MemTable's newest rows at one moment (`table`, row i = MemTable row `positions[i]`, or row i
+    when `positions` is None) and its indexes over the `rows` rows of its first `batches` batches."""
+
+    generation: int
+    table: pa.Table
+    memtable: MemTable
+    batches: int
+    rows: int
+    positions: np.ndarray | None
+
+    def vectors(self, column: str) -> VectorRows | None:
+        """The vector index of `column` over the MemTable's rows (indexing what it does not cover)."""
+        mt = self.memtable
+        return mt.indexes.vectors(column, mt.batches, self.batches, self.rows)
+
+    def terms(self, column: str) -> TermRows | None:
+        """The full-text index of `column` over the MemTable's rows (indexing what it does not cover)."""
+        mt = self.memtable
+        return mt.indexes.terms(column, mt.batches, self.batches, self.rows)

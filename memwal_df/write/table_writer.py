@@ -1,0 +1,255 @@
+"""The table writer: routes each row to the region its region-spec values name, one region writer each.
+
+Rows are grouped by their region values with one vectorized group-by per write; each group goes to the
+writer of its region, which is claimed on first use (a new region is created for a new value, with a
+region id derived from the values, so concurrent writers of the same value meet in the same region and
+fence each other instead of splitting a key across two regions).
+
+Guarantees: each chunk of a write (up to `max_memtable_rows` rows; a RecordBatchReader's batches) is
+validated as a whole (schema: every column of the table for a put; NULL keys; routability) before any
+region receives a row of it, and a put lacking a column writes nothing; a write spanning several
+regions is applied region by region (regions are independent, there is no cross-region atomicity), so
+a region whose manifest or WAL entry cannot be decoded refuses only its own rows; `close()` flushes
+and closes every region writer, reporting the first error, and every later put, delete or flush raises
+`WriterClosedError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_df.errors import (
+    CorruptManifestError,
+    CorruptWalEntryError,
+    MemWalError,
+    RegionRoutingError,
+    WriterClosedError,
+)
+from memwal_df.format.region_spec import RegionSpec
+from memwal_df.format.schema import key_rows, tombstone_rows, upsert_chunks
+from memwal_df.write.region_writer import RegionWriter, WriterConfig
+
+if TYPE_CHECKING:
+    from memwal_df.table import Table
+
+_MAX_PARALLEL_REGIONS = 8
+
+
+class TableWriter:
+    """Writes to every region of a table through per-region writers. Thread-safe: concurrent durable
+    writes of one region share WAL entries (group commit, `RegionWriter`)."""
+
+    def __init__(
+        self, table: Table, config: WriterConfig, *, allow_non_key_region_columns: bool = False
+    ) -> None:
+        if table.spec is None:
+            raise RegionRoutingError(
+                "the table has no region spec, so rows cannot be routed: use table.region_writer(region_id)"
+            )
+        table.check_writable(allow_non_key_region_columns)
+        self.table = table
+        self._allow_non_key = allow_non_key_region_columns
+        self.spec = table.spec
+        self.config = config
+        self.writers: dict[uuid.UUID, RegionWriter] = {}
+        self._by_values: dict[tuple[Any, ...], RegionWriter] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # guards opening region writers and the pool
+        self._closed = False
+
+    def put(self, data: Any) -> None:
+        """Upsert whole rows (every column of the table, `memwal_df.format.schema`), routed to their regions.
+
+        Rows of a region whose manifest or WAL entry cannot be decoded are refused: the rows of the
+        other regions are written, then that region's `CorruptWalEntryError` / `CorruptManifestError`
+        (naming the file) is raised, with a note per further refused region. Input longer than
+        `max_memtable_rows` is written in chunks of that many rows; chunks after the one that raised
+        are not written. `delete` does the same."""
+        self._check_open()
+        for table in upsert_chunks(self.table.schema, data, self.config.max_memtable_rows):
+            if table.num_rows:
+                self._write_parts(self._route(table), deleted=False)
+
+    def delete(self, keys: Any) -> None:
+        """Delete rows by primary key; the region spec must depend on key columns only."""
+        self._check_open()
+        ts = self.table.schema
+        if not self.spec.reads_only(ts.field_ids[c] for c in ts.primary_key):
+            raise RegionRoutingError(
+                "the region spec reads non-key columns, so a key alone cannot be routed: "
+                "delete through table.region_writer(region_id)"
+            )
+        table = key_rows(ts, keys)
+        if table.num_rows:
+            self._write_parts(self._route(tombstone_rows(ts, table)), deleted=True)
+
+    def flush(self) -> None:
+        """Seal and flush every region's MemTable into a generation (regions in parallel)."""
+        self._check_open()
+        self._run([(w.flush, ()) for w in self.writers.values()])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WriterClosedError("the table writer is closed: open a new one with table.writer()")
+
+    def _write_parts(self, parts: list[tuple[tuple[Any, ...], pa.Table]], deleted: bool) -> None:
+        """Hand each region its rows. Durable regions write (and fsync) concurrently; non-durable
+        writes only buffer, which is faster in this thread than handed to others."""
+        writers, unavailable = self._open([values for values, _ in parts])
+        calls = [
+            (w._put_routed, (rows, deleted))
+            for w, (_, rows) in zip(writers, parts, strict=True)
+            if w is not None
+        ]
+        if self.config.durable_write:
+            self._run(calls)
+        else:
+            for fn, args in calls:
+                fn(*args)
+        if unavailable:
+            raise _refused(unavailable, deleted)
+
+    def _open(self, values: list[tuple[Any, ...]]) -> tuple[list[RegionWriter | None], list[MemWalError]]:
+        """The writer of each region (None where the region's manifest or WAL entry cannot be
+        decoded, so it cannot be claimed) and those regions' errors."""
+        writers: list[RegionWriter | None] = []
+        errors: list[MemWalError] = []
+        for v in values:
+            try:
+                writers.append(self._writer(v))
+            except (CorruptManifestError, CorruptWalEntryError) as e:
+                writers.append(None)
+                errors.append(e)
+        return writers, errors
+
+    def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
+        """Run the calls (one per region) concurrently, the first in this thread; raise the first
+        error after all finished."""
+        if not calls:
+            return
+        futures = [self._region_pool().submit(fn, *args) for fn, args in calls[1:]]
+        errors = []
+        fn, args = calls[0]
+        try:
+            fn(*args)
+        except Exception as e:  # reported once the other regions' calls are done too
+            errors.append(e)
+        errors += [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Flush and close every region writer; raises the first error after closing all of them.
+        Closing twice is a no-op."""
+        if not self._mark_closed():
+            return
+        try:
+            self._run([(w.close, ()) for w in self.writers.values()])
+        finally:
+            self._shutdown_pool()
+
+    def abort(self) -> None:
+        """Stop every region writer without flushing (as a crash would)."""
+        self._mark_closed()
+        for w in self.writers.values():
+            w.abort()
+        self._shutdown_pool()
+
+    def _mark_closed(self) -> bool:
+        """Close the writer to every later call, so that no region writer opens any more (`writers`
+        stays as it is); whether it was open."""
+        with self._lock:
+            was_open, self._closed = not self._closed, True
+            return was_open
+
+    def _region_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_MAX_PARALLEL_REGIONS, thread_name_prefix="memwal-route")
+            return self._pool
+
+    def _shutdown_pool(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _writer(self, values: tuple[Any, ...]) -> RegionWriter:
+        w = self._by_values.get(values)
+        if w is None:
+            with self._lock:  # one writer per region: a second claim would fence the first
+                self._check_open()  # (close() may have run since put() checked)
+                w = self._by_values.get(values)
+                if w is None:
+                    w = self.table.routed_writer(
+                        values, self.config, allow_non_key_region_columns=self._allow_non_key
+                    )
+                    self.writers[w.region_id] = self._by_values[values] = w
+        return w
+
+    def _route(self, table: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
+        return group_by_region(self.spec, self.table.schema.field_ids, table)
+
+
+def _refused(errors: list[MemWalError], deleted: bool) -> MemWalError:
+    """The first error of the regions that refused rows, noting the others and what was written."""
+    first = errors[0]
+    for e in errors[1:]:
+        first.add_note(f"also refused: {e}")
+    what = "deletes" if deleted else "rows"
+    first.add_note(
+        f"the {what} of the {len(errors)} region(s) named here were not written; those of every other "
+        "region were (see 'Corrupt regions' in docs/operations.md)"
+    )
+    return first
+
+
+def group_by_region(
+    spec: RegionSpec, field_ids: dict[str, int], table: pa.Table
+) -> list[tuple[tuple[Any, ...], pa.Table]]:
+    """(region values, rows) groups of `table` under `spec`, rows in their input order within each
+    group (one vectorized spec evaluation and a stable sort by the value tuples' codes)."""
+    values = spec.evaluate(table, field_ids)
+    codes = value_codes(values, table.num_rows)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    grouped = table.take(pa.array(order)) if len(starts) > 1 else table
+    out = []
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        key = region_of_row(values, int(order[start]))
+        out.append((key, grouped.slice(start, end - start)))
+    return out
+
+
+def value_codes(values: list[pa.Array], num_rows: int) -> np.ndarray:
+    """One int64 code per row, equal for two rows exactly when their region value tuples are equal
+    (mixed radix over the fields' dictionary indices; NULL is a value of its own)."""
+    codes = np.zeros(num_rows, dtype=np.int64)
+    for v in values:
+        encoded = pc.dictionary_encode(v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
+        idx = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+        codes = codes * (len(encoded.dictionary) + 1) + idx
+    return codes
+
+
+def region_of_row(values: list[pa.Array], row: int) -> tuple[Any, ...]:
+    """The region values of one row, as `Table.routed_writer` takes them."""
+    return tuple(v[row].as_py() for v in values)
