@@ -7,7 +7,7 @@ Read path: `MemWalTable` (a dataset DataFusion scans, merging every level by pri
 """
 
 from memwal_df import _lance_log, _moved, errors  # noqa: F401  (_lance_log first: before `lance` loads)
-from memwal_df.format.region_spec import (
+from memwal_df.format.regions import (
     bucket,
     day,
     expression,

@@ -42,16 +42,14 @@ from memwal_df.format.maintained_indexes import MaintainedIndex, maintained_inde
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
 from memwal_df.format.pk_index import is_supported_pk_type
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import (
+from memwal_df.format.regions.spec import (
     RegionSpec,
     UnboundRegionSpec,
-    decode_region_value,
-    encode_region_value,
     lance_field_ids,
     non_key_columns,
     non_key_message,
-    result_arrow_type,
 )
+from memwal_df.format.regions.values import decode_region_value, encode_region_value, result_arrow_type
 from memwal_df.format.schema import TableSchema, check_keys, conform, to_table
 from memwal_df.format.storage import Storage, open_storage
 from memwal_df.format.wal import Wal

@@ -16,7 +16,7 @@ import pyarrow as pa
 import memwal_df as mw
 from memwal_df.format import memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import UnboundRegionSpec, lance_field_ids
+from memwal_df.format.regions.spec import UnboundRegionSpec, lance_field_ids
 
 PK_META = {"lance-schema:unenforced-primary-key": "true"}
 

@@ -35,7 +35,8 @@ def test_every_old_module_path_is_the_new_module(old: str) -> None:
 @pytest.mark.parametrize("old", sorted(DOCUMENTED))
 def test_documented_names_keep_their_old_paths(old: str) -> None:
     name = DOCUMENTED[old]
-    code = f"import warnings; warnings.simplefilter('ignore'); from {old} import {name}; print({name}.__name__)"
+    code = f"import warnings; warnings.simplefilter('ignore'); from {old} import {name}; "
+    code += f"print({name}.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == name
 

@@ -46,7 +46,7 @@ from memwal_df import errors
 from memwal_df.format import layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import lance_field_ids
+from memwal_df.format.regions.spec import lance_field_ids
 from memwal_df.format.wal import Wal, WalEntry
 
 SCHEMA = pa.schema(

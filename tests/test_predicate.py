@@ -23,8 +23,8 @@ from datafusion import SessionContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_df.format import region_spec as rs
-from memwal_df.format.region_spec import Eq, In, Range
+from memwal_df.format import regions as rs
+from memwal_df.format.regions.predicates import Eq, In, Range
 from memwal_df.read import predicate as P
 
 NAN = float("nan")

@@ -31,7 +31,7 @@ import memwal_df as mw
 from memwal_df import errors
 from memwal_df.cli import Exit, main
 from memwal_df.format import memwal_index
-from memwal_df.format.region_spec import RegionSpec, lance_field_ids
+from memwal_df.format.regions.spec import RegionSpec, lance_field_ids
 from memwal_df.format.storage import open_storage
 
 GUARANTEE = "one key, one region"

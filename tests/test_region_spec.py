@@ -21,11 +21,14 @@ from lance.mem_wal import evaluate_sharding_spec
 from lance.schema import LanceSchema
 
 from memwal_df.errors import InvalidRegionSpecError, RegionRoutingError
-from memwal_df.format import region_spec as rs
-from memwal_df.format.intexpr import as_array
 from memwal_df.format.murmur3 import is_native_bucket_type, murmur3_32_spark, murmur3_multi
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import Eq, In, Range
+from memwal_df.format.regions import spec as rs
+from memwal_df.format.regions import transforms as rt
+from memwal_df.format.regions import values as rv
+from memwal_df.format.regions.intexpr import as_array
+from memwal_df.format.regions.predicates import Eq, In, Predicate, Range
+from memwal_df.format.regions.sql_expression import Expression
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -82,7 +85,7 @@ def signed(h: int) -> int:
 
 def native_spec(n: int, source_id: int = 0) -> rs.RegionSpec:
     return rs.RegionSpec(
-        1, (rs.RegionField("bucket", (source_id,), rs.Bucket(n), "int32", {"num_buckets": str(n)}),)
+        1, (rs.RegionField("bucket", (source_id,), rt.Bucket(n), "int32", {"num_buckets": str(n)}),)
     )
 
 
@@ -313,7 +316,7 @@ def test_murmur3_multi_matches_reference(rows: list[tuple]) -> None:
         pa.array([r[2] for r in rows], pa.int64()),
     ]
     assert murmur3_multi(cols).to_pylist() == ref_multi(rows)
-    buckets = rs.MultiBucket(13).apply(cols).to_pylist()
+    buckets = rt.MultiBucket(13).apply(cols).to_pylist()
     assert buckets == [0 if h is None else (h & 0x7FFFFFFF) % 13 for h in ref_multi(rows)]
 
 
@@ -321,7 +324,7 @@ def test_murmur3_multi_single_column_and_nulls() -> None:
     a = pa.array([1, None, 3], pa.int64())
     assert murmur3_multi([a]).to_pylist() == murmur3_32_spark(a).to_pylist()
     assert murmur3_multi([a, pa.nulls(3, pa.utf8())]).to_pylist() == murmur3_32_spark(a).to_pylist()
-    assert rs.MultiBucket(8).apply([a]).to_pylist() == rs.Bucket(8).apply([a]).to_pylist()
+    assert rt.MultiBucket(8).apply([a]).to_pylist() == rt.Bucket(8).apply([a]).to_pylist()
     with pytest.raises(RegionRoutingError):
         murmur3_multi([])
 
@@ -462,14 +465,14 @@ TS = st.datetimes(min_value=dt.datetime(1800, 1, 1), max_value=dt.datetime(2200,
 @given(st.lists(st.none() | TS, min_size=1, max_size=30))
 def test_date_parts_match_python(values: list[dt.datetime | None]) -> None:
     arr = pa.array(values, pa.timestamp("us"))
-    for t, ref in [(rs.Year(), "year"), (rs.Month(), "month"), (rs.Day(), "day"), (rs.Hour(), "hour")]:
+    for t, ref in [(rt.Year(), "year"), (rt.Month(), "month"), (rt.Day(), "day"), (rt.Hour(), "hour")]:
         out = t.apply([arr])
         assert out.type == pa.int32()
         assert out.to_pylist() == [None if v is None else getattr(v, ref) for v in values]
     dates = pa.array([None if v is None else v.date() for v in values], pa.date32())
-    assert rs.Month().apply([dates]).to_pylist() == [None if v is None else v.month for v in values]
-    assert rs.Hour().apply([dates]).to_pylist() == [None if v is None else 0 for v in values]
-    assert rs.Year().apply([dates.cast(pa.date64())]).to_pylist() == [
+    assert rt.Month().apply([dates]).to_pylist() == [None if v is None else v.month for v in values]
+    assert rt.Hour().apply([dates]).to_pylist() == [None if v is None else 0 for v in values]
+    assert rt.Year().apply([dates.cast(pa.date64())]).to_pylist() == [
         None if v is None else v.year for v in values
     ]
 
@@ -477,7 +480,7 @@ def test_date_parts_match_python(values: list[dt.datetime | None]) -> None:
 def test_date_parts_use_the_columns_time_zone() -> None:
     utc = dt.datetime(2024, 1, 1, 2, 30, tzinfo=dt.UTC)
     arr = pa.array([utc], pa.timestamp("us", "America/New_York"))
-    assert [t.apply([arr])[0].as_py() for t in (rs.Year(), rs.Month(), rs.Day(), rs.Hour())] == [
+    assert [t.apply([arr])[0].as_py() for t in (rt.Year(), rt.Month(), rt.Day(), rt.Hour())] == [
         2023,
         12,
         31,
@@ -495,7 +498,7 @@ def ref_truncate(v: int, w: int) -> int:
 def test_truncate_integers(typ: pa.DataType, data: st.DataObject, width: int) -> None:
     lo, hi = INT_RANGES[typ]
     values = data.draw(st.lists(st.none() | st.integers(lo, hi), min_size=1, max_size=30))
-    out = rs.Truncate(width).apply([pa.array(values, typ)])
+    out = rt.Truncate(width).apply([pa.array(values, typ)])
     assert out.type == typ
     assert out.to_pylist() == [None if v is None else ref_truncate(v, width) for v in values]
 
@@ -504,14 +507,14 @@ def test_truncate_integers(typ: pa.DataType, data: st.DataObject, width: int) ->
 @given(st.lists(st.none() | TEXT, min_size=1, max_size=30), st.integers(1, 10))
 def test_truncate_strings(values: list[str | None], width: int) -> None:
     for typ in (pa.utf8(), pa.large_utf8()):
-        out = rs.Truncate(width).apply([pa.array(values, typ)])
+        out = rt.Truncate(width).apply([pa.array(values, typ)])
         assert out.to_pylist() == [None if v is None else v[:width] for v in values]
 
 
 def test_identity_and_unsharded() -> None:
     arr = pa.array(["a", None, "b"])
-    assert rs.Identity().apply([arr]).to_pylist() == ["a", None, "b"]
-    assert rs.Unsharded().apply([], num_rows=3).to_pylist() == [0, 0, 0]
+    assert rt.Identity().apply([arr]).to_pylist() == ["a", None, "b"]
+    assert rt.Unsharded().apply([], num_rows=3).to_pylist() == [0, 0, 0]
     spec = rs.unsharded().bind({}, pa.schema([]), primary_key=[])
     assert spec.evaluate(pa.table({"x": [1, 2]}), {"x": 0})[0].to_pylist() == [0, 0]
     assert spec.num_regions == 1
@@ -539,7 +542,7 @@ def predicate_and_value(draw: st.DrawFn, values: st.SearchStrategy) -> tuple:
     ), v
 
 
-def _check_sound(t: rs.Transform, typ: pa.DataType, pred: rs.Predicate, v: object) -> None:
+def _check_sound(t: rt.Transform, typ: pa.DataType, pred: Predicate, v: object) -> None:
     assume(pred.test(v))
     projected = t.project(pred, typ)
     if projected is not None:
@@ -548,22 +551,22 @@ def _check_sound(t: rs.Transform, typ: pa.DataType, pred: rs.Predicate, v: objec
 
 
 PROJECTION_CASES = [
-    (rs.Identity(), pa.int64(), st.integers(*I64)),
-    (rs.Bucket(16), pa.int64(), st.integers(*I64)),
-    (rs.Bucket(7), pa.int32(), st.integers(-(1 << 31), (1 << 31) - 1)),
-    (rs.Bucket(5), pa.utf8(), TEXT),
-    (rs.Truncate(10), pa.int64(), st.integers(-(1 << 62), 1 << 62)),
-    (rs.Truncate(3), pa.int16(), st.integers(-(1 << 15), (1 << 15) - 1)),
-    (rs.Truncate(2), pa.utf8(), TEXT),
-    (rs.Year(), pa.timestamp("us"), TS),
-    (rs.Month(), pa.timestamp("us"), TS),
-    (rs.Day(), pa.timestamp("us"), TS),
-    (rs.Hour(), pa.timestamp("us"), TS),
-    (rs.Day(), pa.date32(), st.dates()),
-    (rs.Hour(), pa.timestamp("us", "UTC"), TS.map(lambda d: d.replace(tzinfo=dt.UTC))),
-    (rs.Hour(), pa.timestamp("us", "Asia/Kolkata"), TS.map(lambda d: d.replace(tzinfo=dt.UTC))),
-    (rs.Expression("col0 % 7"), pa.int64(), st.integers(-(1 << 40), 1 << 40)),
-    (rs.MultiBucket(9), pa.int64(), st.integers(*I64)),
+    (rt.Identity(), pa.int64(), st.integers(*I64)),
+    (rt.Bucket(16), pa.int64(), st.integers(*I64)),
+    (rt.Bucket(7), pa.int32(), st.integers(-(1 << 31), (1 << 31) - 1)),
+    (rt.Bucket(5), pa.utf8(), TEXT),
+    (rt.Truncate(10), pa.int64(), st.integers(-(1 << 62), 1 << 62)),
+    (rt.Truncate(3), pa.int16(), st.integers(-(1 << 15), (1 << 15) - 1)),
+    (rt.Truncate(2), pa.utf8(), TEXT),
+    (rt.Year(), pa.timestamp("us"), TS),
+    (rt.Month(), pa.timestamp("us"), TS),
+    (rt.Day(), pa.timestamp("us"), TS),
+    (rt.Hour(), pa.timestamp("us"), TS),
+    (rt.Day(), pa.date32(), st.dates()),
+    (rt.Hour(), pa.timestamp("us", "UTC"), TS.map(lambda d: d.replace(tzinfo=dt.UTC))),
+    (rt.Hour(), pa.timestamp("us", "Asia/Kolkata"), TS.map(lambda d: d.replace(tzinfo=dt.UTC))),
+    (Expression("col0 % 7"), pa.int64(), st.integers(-(1 << 40), 1 << 40)),
+    (rt.MultiBucket(9), pa.int64(), st.integers(*I64)),
 ]
 
 
@@ -573,16 +576,16 @@ PROJECTION_CASES = [
 )
 @given(data=st.data())
 def test_project_is_sound(
-    t: rs.Transform, typ: pa.DataType, values: st.SearchStrategy, data: st.DataObject
+    t: rt.Transform, typ: pa.DataType, values: st.SearchStrategy, data: st.DataObject
 ) -> None:
     pred, v = data.draw(predicate_and_value(values))
     _check_sound(t, typ, pred, v)
 
 
 CYCLIC_CASES = [
-    (rs.Month(), dt.timedelta(days=200)),
-    (rs.Day(), dt.timedelta(days=40)),
-    (rs.Hour(), dt.timedelta(hours=30)),
+    (rt.Month(), dt.timedelta(days=200)),
+    (rt.Day(), dt.timedelta(days=40)),
+    (rt.Hour(), dt.timedelta(hours=30)),
 ]
 
 
@@ -591,7 +594,7 @@ CYCLIC_CASES = [
 @SETTINGS
 @given(v=TS, before=st.floats(0, 1), after=st.floats(0, 1), inc=st.tuples(st.booleans(), st.booleans()))
 def test_cyclic_projection_of_short_ranges_is_sound(
-    t: rs.Transform,
+    t: rt.Transform,
     spread: dt.timedelta,
     tz: str | None,
     v: dt.datetime,
@@ -611,7 +614,7 @@ def test_cyclic_projection_of_short_ranges_is_sound(
 @SETTINGS
 @given(st.integers(*I64), TEXT, st.lists(st.integers(*I64), max_size=4), st.lists(TEXT, max_size=4))
 def test_multi_bucket_projection_is_sound(a: int, s: str, more_a: list[int], more_s: list[str]) -> None:
-    t = rs.MultiBucket(11)
+    t = rt.MultiBucket(11)
     types = [pa.int64(), pa.utf8()]
     projected = t.project_sources([In([a, *more_a]), In([*more_s, s])], types)
     region_value = t.apply([pa.array([a], types[0]), pa.array([s], types[1])])[0].as_py()
@@ -620,31 +623,31 @@ def test_multi_bucket_projection_is_sound(a: int, s: str, more_a: list[int], mor
 
 
 def test_projection_shapes() -> None:
-    assert rs.Bucket(4).project(Eq(5), pa.int64()) == Eq(rs.Bucket(4).apply([pa.array([5])])[0].as_py())
-    assert rs.Bucket(4).project(Range(1, True, 9, True), pa.int64()) is None
-    assert rs.Identity().project(Range(1, False, 9, True)) == Range(1, False, 9, True)
-    assert rs.Year().project(
+    assert rt.Bucket(4).project(Eq(5), pa.int64()) == Eq(rt.Bucket(4).apply([pa.array([5])])[0].as_py())
+    assert rt.Bucket(4).project(Range(1, True, 9, True), pa.int64()) is None
+    assert rt.Identity().project(Range(1, False, 9, True)) == Range(1, False, 9, True)
+    assert rt.Year().project(
         Range(dt.datetime(2020, 5, 1), False, dt.datetime(2022, 1, 1), False), pa.timestamp("us")
     ) == Range(2020, True, 2022, True)
-    assert rs.Year().project(Range(lo=dt.date(2020, 5, 1)), pa.date32()) == Range(2020, True, None, True)
-    assert rs.Truncate(10).project(Range(15, True, 31, True), pa.int64()) == Range(10, True, 30, True)
-    assert rs.Truncate(2).project(In(["abc", "abd", "x"]), pa.utf8()) == In(["ab", "x"])
-    assert rs.Month().project(
+    assert rt.Year().project(Range(lo=dt.date(2020, 5, 1)), pa.date32()) == Range(2020, True, None, True)
+    assert rt.Truncate(10).project(Range(15, True, 31, True), pa.int64()) == Range(10, True, 30, True)
+    assert rt.Truncate(2).project(In(["abc", "abd", "x"]), pa.utf8()) == In(["ab", "x"])
+    assert rt.Month().project(
         Range(dt.datetime(2023, 11, 5), True, dt.datetime(2024, 2, 1), True), pa.timestamp("us")
     ) == In([1, 2, 11, 12])
     assert (
-        rs.Month().project(
+        rt.Month().project(
             Range(dt.datetime(2023, 1, 5), True, dt.datetime(2024, 2, 1), True), pa.timestamp("us")
         )
         is None
     )
-    assert rs.Hour().project(
+    assert rt.Hour().project(
         Range(dt.datetime(2024, 1, 1, 22), True, dt.datetime(2024, 1, 2, 1), True), pa.timestamp("us")
     ) == In([0, 1, 22, 23])
-    assert rs.Unsharded().project(Eq(1)) is None
+    assert rt.Unsharded().project(Eq(1)) is None
     # values that cannot be of the column's type do not prune
-    assert rs.Bucket(4).project(Eq("x"), pa.int64()) is None
-    assert rs.Bucket(4).project(In([]), pa.int64()) == In([])
+    assert rt.Bucket(4).project(Eq("x"), pa.int64()) is None
+    assert rt.Bucket(4).project(In([]), pa.int64()) == In([])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,7 +658,7 @@ def test_prune_bucket_spec() -> None:
     schema = pa.schema([("user_id", pa.int64()), ("name", pa.utf8())])
     spec = rs.bucket("user_id", 10).bind({"user_id": 0, "name": 1}, schema, primary_key=["user_id"])
     regions = [(b,) for b in range(10)]
-    want = rs.Bucket(10).apply([pa.array([123], pa.int64())])[0].as_py()
+    want = rt.Bucket(10).apply([pa.array([123], pa.int64())])[0].as_py()
     assert spec.prune(regions, {"user_id": Eq(123)}) == [(want,)]
     assert spec.prune(regions, {0: Eq(123)}) == [(want,)]
     assert spec.prune(regions, {"uid": Eq(123)}, field_ids={"uid": 0}) == [(want,)]
@@ -664,7 +667,7 @@ def test_prune_bucket_spec() -> None:
     assert spec.prune(regions, {"user_id": [Eq(123), In([123, 5])]}) == [(want,)]
     assert spec.prune(regions, {"user_id": In([])}) == []
     got = {v for (v,) in spec.prune(regions, {"user_id": In([1, 2, 3])})}
-    assert got == set(rs.Bucket(10).apply([pa.array([1, 2, 3], pa.int64())]).to_pylist())
+    assert got == set(rt.Bucket(10).apply([pa.array([1, 2, 3], pa.int64())]).to_pylist())
 
 
 def test_prune_multi_field_spec() -> None:
@@ -676,7 +679,7 @@ def test_prune_multi_field_spec() -> None:
         + rs.multi_bucket(["tenant", "id"], 4, field_id="b")
     ).bind(ids, schema, primary_key=list(ids))
     regions = [(y, t, b) for y in (2022, 2023, 2024) for t in ("a", "b", None) for b in range(4)]
-    bucket_a7 = rs.MultiBucket(4).apply([pa.array(["a"]), pa.array([7], pa.int64())])[0].as_py()
+    bucket_a7 = rt.MultiBucket(4).apply([pa.array(["a"]), pa.array([7], pa.int64())])[0].as_py()
     kept = spec.prune(regions, {"ts": Range(lo=dt.datetime(2023, 6, 1)), "tenant": Eq("a"), "id": Eq(7)})
     assert kept == [(2023, "a", bucket_a7), (2024, "a", bucket_a7)]
     # identity regions whose value is NULL never match an equality
@@ -785,11 +788,11 @@ def test_expression_errors() -> None:
     ]:
         with pytest.raises(InvalidRegionSpecError):
             rs.expression(sql, ["k"], "int64").bind({"k": 0}, schema, primary_key=["k"])
-    assert rs.Expression("'now()' || col0").sql  # quoted volatile names are fine
+    assert Expression("'now()' || col0").sql  # quoted volatile names are fine
 
 
 def test_expression_is_deterministic_and_cached() -> None:
-    t = rs.Expression("coalesce((murmur3(col0) & 2147483647) % 5, 0)")
+    t = Expression("coalesce((murmur3(col0) & 2147483647) % 5, 0)")
     a = pa.array(range(1000), pa.int64())
     assert t.apply([a]).to_pylist() == t.apply([a]).to_pylist()
     assert len(t._cache) == 1
@@ -867,7 +870,7 @@ def test_spec_errors() -> None:
         with pytest.raises(InvalidRegionSpecError):
             rs.bucket("id", n)
     with pytest.raises(InvalidRegionSpecError):
-        rs.Bucket(0)
+        rt.Bucket(0)
     with pytest.raises(InvalidRegionSpecError):
         rs.truncate("id", 0)
     with pytest.raises(InvalidRegionSpecError, match="unknown columns"):
@@ -951,20 +954,20 @@ def test_from_proto_accepts_large_bucket_counts_like_native_evaluation() -> None
     ],
 )
 def test_region_value_encoding(value: object, typ: str, raw: bytes) -> None:
-    assert rs.encode_region_value(value, typ) == raw
-    assert rs.encode_region_value(value, rs.result_arrow_type(typ)) == raw
-    assert rs.decode_region_value(raw, typ) == value
+    assert rv.encode_region_value(value, typ) == raw
+    assert rv.encode_region_value(value, rv.result_arrow_type(typ)) == raw
+    assert rv.decode_region_value(raw, typ) == value
 
 
 def test_region_value_encoding_edges() -> None:
-    assert rs.encode_region_value(None, "int32") is None and rs.decode_region_value(None, "int32") is None
-    assert rs.encode_region_value(pa.scalar(7, pa.int32()), pa.int32()) == b"\x07\x00\x00\x00"
+    assert rv.encode_region_value(None, "int32") is None and rv.decode_region_value(None, "int32") is None
+    assert rv.encode_region_value(pa.scalar(7, pa.int32()), pa.int32()) == b"\x07\x00\x00\x00"
     with pytest.raises(InvalidRegionSpecError):
-        rs.decode_region_value(b"\x01\x02", "int32")
+        rv.decode_region_value(b"\x01\x02", "int32")
     with pytest.raises(RegionRoutingError):
-        rs.encode_region_value(1 << 40, "int32")
+        rv.encode_region_value(1 << 40, "int32")
     with pytest.raises(InvalidRegionSpecError):
-        rs.encode_region_value([1], pa.list_(pa.int32()))
+        rv.encode_region_value([1], pa.list_(pa.int32()))
 
 
 @pytest.mark.parametrize(
@@ -986,12 +989,12 @@ def test_region_value_encoding_edges() -> None:
     ids=str,
 )
 def test_type_names_round_trip(typ: pa.DataType) -> None:
-    assert rs.result_arrow_type(rs.result_type_name(typ)) == typ
+    assert rv.result_arrow_type(rv.result_type_name(typ)) == typ
 
 
 def test_native_type_names() -> None:
     assert [
-        rs.result_type_name(t) for t in (pa.int32(), pa.utf8(), pa.large_utf8(), pa.bool_(), pa.uint8())
+        rv.result_type_name(t) for t in (pa.int32(), pa.utf8(), pa.large_utf8(), pa.bool_(), pa.uint8())
     ] == ["int32", "utf8", "large_utf8", "boolean", "uint8"]
 
 
@@ -1101,7 +1104,7 @@ def _outcome(run: Callable[[], pa.Array]) -> tuple[str, object, object]:
 def test_vectorized_int_expressions_equal_datafusion(case: tuple[str, list[pa.Array]]) -> None:
     """Every expression of the vectorized subset gives DataFusion's values, NULLs, type and errors."""
     sql, cols = case
-    expr = rs.Expression(sql)
+    expr = Expression(sql)
     types = [c.type for c in cols]
     fast = expr.vectorized(types)
     assert fast is not None, sql
@@ -1120,7 +1123,7 @@ def test_vectorized_int_expressions_at_the_edges_equal_datafusion(t: pa.DataType
     """The minimum value divided by -1, zero divisors, NULLs: row by row, DataFusion's outcome."""
     lo = -(1 << (t.bit_width - 1))
     cols = [pa.array([lo, lo, 5, None, lo, 7, -7, lo], t), pa.array([-1, 0, -1, -1, None, -2, 2, 1], t)]
-    expr = rs.Expression(sql)
+    expr = Expression(sql)
     fast = expr.vectorized([t, t])
     assert fast is not None
     for i in range(len(cols[0])):
@@ -1148,7 +1151,7 @@ _HASHED = {
 def test_vectorized_hashes_of_every_type_equal_datafusion(column: str, sql: str) -> None:
     cols = [_HASHED[column], pa.array([1, None, 3, 4], pa.int64())][: 2 if "col1" in sql else 1]
     types = [c.type for c in cols]
-    expr = rs.Expression(sql)
+    expr = Expression(sql)
     fast = expr.vectorized(types)
     assert fast is not None
     batch = pa.RecordBatch.from_arrays(cols, names=[f"col{i}" for i in range(len(cols))])
@@ -1168,6 +1171,6 @@ def test_expressions_outside_the_vectorized_subset_use_datafusion() -> None:
         ("col0 --1", [pa.int64()]),
         ("col0 /* a comment */ % 2", [pa.int64()]),
     ]:
-        assert rs.Expression(sql).vectorized(types) is None, sql
-    assert rs.Expression("left(col0, 1)").apply([text]).to_pylist() == ["a", None]
-    assert rs.Expression("col0 --1").apply([pa.array([5], pa.int64())]).to_pylist() == [5]
+        assert Expression(sql).vectorized(types) is None, sql
+    assert Expression("left(col0, 1)").apply([text]).to_pylist() == ["a", None]
+    assert Expression("col0 --1").apply([pa.array([5], pa.int64())]).to_pylist() == [5]

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal_df.errors import MissingColumnsError, NullPrimaryKeyError, SchemaMismatchError
-from memwal_df.format.region_spec import lance_field_ids
+from memwal_df.format.regions.spec import lance_field_ids
 from memwal_df.format.schema import (
     TableSchema,
     check_keys,

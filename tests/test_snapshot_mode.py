@@ -26,7 +26,8 @@ from memwal_df.errors import InvalidConfigError
 from memwal_df.format import memwal_index, region_snapshot
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import RegionSpec, encode_region_value
+from memwal_df.format.regions.spec import RegionSpec
+from memwal_df.format.regions.values import encode_region_value
 from memwal_df.jobs import index_builder
 from memwal_df.read.snapshot import take_snapshot
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from memwal_df.errors import CorruptWalEntryError
 from memwal_df.format import layout
 from memwal_df.format.manifest import RegionManifestStore, new_manifest
-from memwal_df.format.region_spec import lance_field_ids
+from memwal_df.format.regions.spec import lance_field_ids
 from memwal_df.format.storage import Storage, open_storage
 from memwal_df.format.wal import (
     TOMBSTONE,

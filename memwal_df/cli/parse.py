@@ -16,7 +16,7 @@ import re
 import pyarrow as pa
 
 from memwal_df.errors import InvalidArgumentError
-from memwal_df.format import region_spec as rs
+from memwal_df.format.regions import spec as rs
 
 _VECTOR_TYPES = {"float16": pa.float16(), "float32": pa.float32(), "float64": pa.float64()}
 

@@ -44,7 +44,7 @@ from memwal_df.errors import (
 )
 from memwal_df.format import entry_lease
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import RegionSpec, check_key_only
+from memwal_df.format.regions.spec import RegionSpec, check_key_only
 from memwal_df.format.storage import Storage, open_storage
 
 MEMWAL_INDEX_NAME = "__lance_mem_wal"

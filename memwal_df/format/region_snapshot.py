@@ -33,12 +33,8 @@ import pyarrow as pa
 
 from memwal_df.errors import NotFoundError
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import (
-    RegionSpec,
-    decode_region_value,
-    encode_region_value,
-    result_arrow_type,
-)
+from memwal_df.format.regions.spec import RegionSpec
+from memwal_df.format.regions.values import decode_region_value, encode_region_value, result_arrow_type
 from memwal_df.format.storage import Storage
 
 INLINE_THRESHOLD = 100

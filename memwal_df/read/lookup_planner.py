@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from memwal_df.errors import RegionRoutingError, SchemaMismatchError
-from memwal_df.format.region_spec import RegionSpec
+from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import TableSchema, conform
 from memwal_df.read.exec.base import ExecNode, short_id
 from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec

@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_df.format.region_spec import RegionSpec
+from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.read.catchup import Coverage, index_coverage
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys, base_spans

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
 from memwal_df.errors import InvalidFilterError
-from memwal_df.format.region_spec import Eq, In, Predicate, Range
+from memwal_df.format.regions.predicates import Eq, In, Predicate, Range
 
 __all__ = [
     "Call",

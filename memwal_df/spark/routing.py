@@ -24,7 +24,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from memwal_df.errors import RegionRoutingError
-from memwal_df.format.region_spec import Bucket, MultiBucket, RegionSpec, Unsharded
+from memwal_df.format.regions.spec import RegionSpec
+from memwal_df.format.regions.transforms import Bucket, MultiBucket, Unsharded
 from memwal_df.format.schema import check_columns, conform
 from memwal_df.table import Table
 from memwal_df.write.table_writer import region_of_row, value_codes

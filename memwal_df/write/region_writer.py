@@ -47,7 +47,7 @@ from memwal_df.errors import (
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.manifest import RegionManifestStore, new_manifest, next_version
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.region_spec import RegionSpec
+from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import TableSchema, delete_batch, upsert_chunks, with_tombstone
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal, WalEntry, encode_entry, encode_fence_sentinel

@@ -32,7 +32,7 @@ from memwal_df.errors import (
     RegionRoutingError,
     WriterClosedError,
 )
-from memwal_df.format.region_spec import RegionSpec
+from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import key_rows, tombstone_rows, upsert_chunks
 from memwal_df.write.region_writer import RegionWriter, WriterConfig
 
