@@ -40,7 +40,7 @@ MOVED: dict[str, str] = {
     "region": "write.region_writer",
     "writer": "write.table_writer",
     "snapshot": "read.snapshot",
-    "planner": "read.planner",
+    "planner": "read.scan_planner",
     "predicate": "read.predicate",
     "catchup": "read.catchup",
     "search": "read.search",

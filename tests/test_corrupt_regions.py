@@ -36,8 +36,8 @@ from memwal_df import errors
 from memwal_df.cli import Exit, main
 from memwal_df.format import layout, memwal_index
 from memwal_df.format.wal import Wal
-from memwal_df.read.planner import plan_scan
 from memwal_df.read.predicate import column_predicates
+from memwal_df.read.scan_planner import plan_scan
 from memwal_df.read.snapshot import pin, restore, take_snapshot
 
 KEYS = range(40)

@@ -37,7 +37,7 @@ from reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.read import dataset as dataset_module
-from memwal_df.read.predicate import decode
+from memwal_df.read.expression_tree import decode
 from memwal_df.read.snapshot import take_snapshot
 
 CATS = ("a", "b", "c")

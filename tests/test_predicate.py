@@ -1,4 +1,5 @@
-"""memwal_df.read.predicate: decoding pushed pyarrow Expressions, key lookups, pruning, Lance filters.
+"""memwal_df.read.expression_tree, .predicate and .lance_filter: decoding pushed pyarrow Expressions, key
+lookups, pruning, Lance filters.
 
 DATAFUSION_CASES records, for DataFusion 54.1 (datafusion-python's DatasetExec), the filter a
 `pyarrow.dataset.Dataset` receives in `get_fragments(filter)` for a SQL WHERE clause (None: nothing
@@ -25,6 +26,8 @@ from hypothesis import strategies as st
 
 from memwal_df.format import regions as rs
 from memwal_df.format.regions.predicates import Eq, In, Range
+from memwal_df.read import expression_tree as T
+from memwal_df.read import lance_filter as L
 from memwal_df.read import predicate as P
 
 NAN = float("nan")
@@ -271,38 +274,38 @@ def test_datafusion_pushed_forms(pushed, lance_ds, where: str, expected: str | N
     assert (None if expr is None else str(expr)) == expected
     if expr is None:
         return
-    node = P.decode(expr)
-    assert P.to_expression(node).equals(expr)
+    node = T.decode(expr)
+    assert T.to_expression(node).equals(expr)
     assert _ids(TABLE, expr) == df_ids or "random()" in where  # DataFusion applied the rest itself
     assert P.referenced_columns(expr) <= set(TABLE.column_names)
-    sql = P.to_lance_filter(expr, TABLE.schema)
+    sql = L.to_lance_filter(expr, TABLE.schema)
     if where == "f IN (1.0, 2.5, 0.0, -1.0)":
         assert sql is None  # pyarrow's is_in tells 0.0 from -0.0, Lance cannot
         return
     assert sql is not None, where
-    assert P.to_lance_filter(expr) == sql  # DataFusion's literals carry the column types
+    assert L.to_lance_filter(expr) == sql  # DataFusion's literals carry the column types
     assert _lance_ids(lance_ds, sql) == _ids(TABLE, expr), sql
 
 
 def test_datafusion_forms_decode_to_expected_trees(pushed) -> None:
     expr, _ = pushed["id IN (1, 2, 3, 4)"]
-    node = P.decode(expr)
-    assert node == P.Call(
-        "is_in", (P.Field("id"),), {"value_set": pa.array([1, 2, 3, 4]), "null_matching_behavior": 0}
+    node = T.decode(expr)
+    assert node == T.Call(
+        "is_in", (T.Field("id"),), {"value_set": pa.array([1, 2, 3, 4]), "null_matching_behavior": 0}
     )
-    assert P.decode(pushed["id IN (1, NULL)"][0]) == P.Call(
+    assert T.decode(pushed["id IN (1, NULL)"][0]) == T.Call(
         "or_kleene",
-        (P.Call("equal", (P.Field("id"), P.Literal(1, pa.int64())), {}), P.Literal(None, pa.bool_())),
+        (T.Call("equal", (T.Field("id"), T.Literal(1, pa.int64())), {}), T.Literal(None, pa.bool_())),
         {},
     )
-    assert P.decode(pushed["id IS NULL"][0]) == P.Call("is_null", (P.Field("id"),), {"nan_is_null": False})
-    assert P.decode(pushed["NOT b"][0]) == P.Call("invert", (P.Field("b"),), {})
-    assert P.decode(pushed["b"][0]) == P.Field("b")
-    lit = P.decode(pushed["tsz > '2020-01-02T00:00:00Z'"][0]).args[1]
+    assert T.decode(pushed["id IS NULL"][0]) == T.Call("is_null", (T.Field("id"),), {"nan_is_null": False})
+    assert T.decode(pushed["NOT b"][0]) == T.Call("invert", (T.Field("b"),), {})
+    assert T.decode(pushed["b"][0]) == T.Field("b")
+    lit = T.decode(pushed["tsz > '2020-01-02T00:00:00Z'"][0]).args[1]
     assert lit.type == pa.timestamp("us", "UTC") and lit.value == dt.datetime(2020, 1, 2, tzinfo=dt.UTC)
-    assert P.decode(pushed["i32 = 5"][0]).args[1] == P.Literal(5, pa.int32())
-    assert P.decode(pushed["s = 'it''s \" : ) ('"][0]).args[1].value == "it's \" : ) ("
-    assert P.decode(pushed["dec = 1.10"][0]).args[1] == P.Literal(
+    assert T.decode(pushed["i32 = 5"][0]).args[1] == T.Literal(5, pa.int32())
+    assert T.decode(pushed["s = 'it''s \" : ) ('"][0]).args[1].value == "it's \" : ) ("
+    assert T.decode(pushed["dec = 1.10"][0]).args[1] == T.Literal(
         decimal.Decimal("1.10"), pa.decimal128(10, 2)
     )
 
@@ -357,7 +360,7 @@ def test_datafusion_forms_key_lookups_and_predicates(pushed) -> None:
 def test_ordered_metadata_keeps_duplicates_in_order() -> None:
     expr = ((F("a") == 5) & F("b").isin(["x", None])) | ~(F("c", "d") > pc.scalar(2.5))
     _, (buf,) = expr.__reduce__()
-    items = P._ordered_metadata(buf)
+    items = T._ordered_metadata(buf)
     assert items == [
         ("call", "or_kleene"),
         ("call", "and_kleene"),
@@ -393,16 +396,16 @@ def test_ordered_metadata_keeps_duplicates_in_order() -> None:
 
 def test_decode_literals_and_options() -> None:
     weird = "a') or (\"b\" == 'c' and x\n\x00ü"
-    node = P.decode(F("s") == weird)
-    assert node == P.Call("equal", (P.Field("s"), P.Literal(weird, pa.string())), {})
-    node = P.decode(F("st", "x", "y").is_null(nan_is_null=True))
-    assert node == P.Call("is_null", (P.Field("st", ("x", "y")),), {"nan_is_null": True})
+    node = T.decode(F("s") == weird)
+    assert node == T.Call("equal", (T.Field("s"), T.Literal(weird, pa.string())), {})
+    node = T.decode(F("st", "x", "y").is_null(nan_is_null=True))
+    assert node == T.Call("is_null", (T.Field("st", ("x", "y")),), {"nan_is_null": True})
     assert P.referenced_columns(F("st", "x") == 1) == {"st"}
-    node = P.decode(F("a").cast(pa.int32()))
+    node = T.decode(F("a").cast(pa.int32()))
     assert node.function == "cast" and node.options["to_type"] == pa.int32()
-    node = P.decode(pc.match_substring(F("s"), "ab", ignore_case=True))
+    node = T.decode(pc.match_substring(F("s"), "ab", ignore_case=True))
     assert node.options == {"pattern": "ab", "ignore_case": True}
-    assert P.decode(pc.scalar(True)) == P.Literal(True, pa.bool_())
+    assert T.decode(pc.scalar(True)) == T.Literal(True, pa.bool_())
     for expr in (
         F("st", "x").is_null(nan_is_null=True),
         F("a").cast(pa.int32()),
@@ -412,36 +415,36 @@ def test_decode_literals_and_options() -> None:
         F("x") == pa.scalar([1, 2], pa.list_(pa.int8())),
         F("m") == pa.scalar(dt.timedelta(days=1, microseconds=3)),
     ):
-        assert P.to_expression(P.decode(expr)).equals(expr), expr
+        assert T.to_expression(T.decode(expr)).equals(expr), expr
 
 
 def test_decode_rejects_what_does_not_serialize() -> None:
     with pytest.raises(ValueError, match="non-name"):
-        P.decode(F(0) == 1)
+        T.decode(F(0) == 1)
     with pytest.raises(TypeError):
-        P.decode("id = 1")  # type: ignore[arg-type]
+        T.decode("id = 1")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        P._ordered_metadata(b"not an arrow file")
+        T._ordered_metadata(b"not an arrow file")
     _, (buf,) = (F("a") == 1).__reduce__()
     data = bytearray(buf.to_pybytes())
     data[-10:-6] = (len(data) * 2).to_bytes(4, "little")
     with pytest.raises(ValueError):
-        P._ordered_metadata(bytes(data))
+        T._ordered_metadata(bytes(data))
 
 
 def test_hand_built_calls_rebuild() -> None:
     for behavior in range(4):
-        call = P.Call(
+        call = T.Call(
             "is_in",
-            (P.Field("i"),),
+            (T.Field("i"),),
             {"value_set": pa.array([1, None]), "null_matching_behavior": behavior},
         )
-        expr = P.to_expression(call)
-        assert P.decode(expr) == call
-    assert P.to_expression(P.Call("is_null", (P.Field("f"),), {"nan_is_null": True})).equals(
+        expr = T.to_expression(call)
+        assert T.decode(expr) == call
+    assert T.to_expression(T.Call("is_null", (T.Field("f"),), {"nan_is_null": True})).equals(
         F("f").is_null(nan_is_null=True)
     )
-    assert P.to_expression(P.Literal(dt.date(2020, 1, 2), pa.date32())).equals(pc.scalar(dt.date(2020, 1, 2)))
+    assert T.to_expression(T.Literal(dt.date(2020, 1, 2), pa.date32())).equals(pc.scalar(dt.date(2020, 1, 2)))
 
 
 def test_conjuncts() -> None:
@@ -490,13 +493,13 @@ def tables(draw: st.DrawFn) -> pa.Table:
 def _comparison(col: str, value: Any, op: str, flip: bool) -> pc.Expression:
     lit = pc.scalar(pa.scalar(value, COLUMN_TYPES[col]))
     args = [lit, F(col)] if flip else [F(col), lit]
-    return pc.Expression._call(P._FLIP[op] if flip else op, args)
+    return pc.Expression._call(T.SWAPPED_COMPARISON[op] if flip else op, args)
 
 
 def _is_in(col: str, values: list[Any], behavior: int) -> pc.Expression:
     value_set = pa.array(values, COLUMN_TYPES[col])
-    return P.to_expression(
-        P.Call("is_in", (P.Field(col),), {"value_set": value_set, "null_matching_behavior": behavior})
+    return T.to_expression(
+        T.Call("is_in", (T.Field(col),), {"value_set": value_set, "null_matching_behavior": behavior})
     )
 
 
@@ -550,8 +553,8 @@ def expressions(
 @SETTINGS
 @given(expr=expressions(), table=tables())
 def test_decode_round_trip(expr: pc.Expression, table: pa.Table) -> None:
-    node = P.decode(expr)
-    rebuilt = P.to_expression(node)
+    node = T.decode(expr)
+    rebuilt = T.to_expression(node)
     # Expression.equals compares is_in value sets with NaN != NaN
     assert rebuilt.equals(expr) or ("nan" in str(expr) and str(rebuilt) == str(expr))
     assert _mask(table, rebuilt) == _mask(table, expr)
@@ -680,10 +683,10 @@ def key_leaves(draw: st.DrawFn, pure: bool) -> pc.Expression:
     if kind == 1:
         values = draw(st.lists(st.none() | _KEY_VALUES[col], max_size=4))
         value_set = pa.array(values, _KEY_TYPES[col])
-        return P.to_expression(
-            P.Call(
+        return T.to_expression(
+            T.Call(
                 "is_in",
-                (P.Field(col),),
+                (T.Field(col),),
                 {"value_set": value_set, "null_matching_behavior": draw(st.integers(0, 3))},
             )
         )
@@ -752,16 +755,16 @@ def test_key_lookups_exact_for_key_predicates(expr: pc.Expression) -> None:
 def test_to_lance_filter_matches_pyarrow(lance_ds, expr: pc.Expression) -> None:
     want = _ids(TABLE, expr)
     for schema in (TABLE.schema, None):
-        sql = P.to_lance_filter(expr, schema)
+        sql = L.to_lance_filter(expr, schema)
         if sql is None:
-            node = P.decode(expr)
+            node = T.decode(expr)
             reasons = [
                 n
                 for n in P._walk(node)
-                if isinstance(n, P.Call)
+                if isinstance(n, T.Call)
                 and (
                     n.function in ("and", "or")
-                    or (n.function == "is_in" and n.args[0] == P.Field("f"))
+                    or (n.function == "is_in" and n.args[0] == T.Field("f"))
                     or (schema is None and n.function == "is_null" and n.options["nan_is_null"])
                 )
             ]
@@ -807,7 +810,7 @@ def test_to_lance_filter_cases(lance_ds) -> None:
         (F("id") > 3) & (F("s") != "and") | F("b"),
     ]
     for expr in cases:
-        sql = P.to_lance_filter(expr, schema)
+        sql = L.to_lance_filter(expr, schema)
         assert sql is not None, expr
         assert _lance_ids(lance_ds, sql) == _ids(TABLE, expr), (str(expr), sql)
 
@@ -834,26 +837,26 @@ def test_to_lance_filter_other_types(tmp_path) -> None:
         F("tsz") > pa.scalar(1, pa.timestamp("s", "+05:00")),
     ]
     for expr in cases:
-        sql = P.to_lance_filter(expr, table.schema)
-        assert sql is not None and P.to_lance_filter(expr) == sql, expr
+        sql = L.to_lance_filter(expr, table.schema)
+        assert sql is not None and L.to_lance_filter(expr) == sql, expr
         assert _lance_ids(ds, sql) == _ids(table, expr), (str(expr), sql)
 
 
 def test_to_lance_filter_declines() -> None:
     schema = TABLE.schema
-    assert P.to_lance_filter(None) is None
-    assert P.to_lance_filter(pc.Expression._call("and", [F("b"), F("b")])) is None
-    assert P.to_lance_filter(F("f").isin([1.0, 0.0])) is None
-    assert P.to_lance_filter(F("f").isin([NAN])) is None
-    assert P.to_lance_filter(F("f").is_null(nan_is_null=True)) is None  # type unknown
-    assert P.to_lance_filter(F("i") == F("i32")) is None  # types unknown
-    assert P.to_lance_filter(F("f") == F("f32"), schema) is None
-    assert P.to_lance_filter(pc.utf8_length(F("s")) > 1) is None
-    assert P.to_lance_filter(F("x") == pa.scalar(decimal.Decimal("1"), pa.decimal256(40, 0))) is None
-    assert P.to_lance_filter(F("nope") == 1, schema) is None
-    assert P.to_lance_filter(F("s") == 1, schema) is None  # type families differ
-    assert P.to_lance_filter(F("a`b") == 1) is None
-    assert P.to_lance_filter(F("i") + 1 == 2) is None
+    assert L.to_lance_filter(None) is None
+    assert L.to_lance_filter(pc.Expression._call("and", [F("b"), F("b")])) is None
+    assert L.to_lance_filter(F("f").isin([1.0, 0.0])) is None
+    assert L.to_lance_filter(F("f").isin([NAN])) is None
+    assert L.to_lance_filter(F("f").is_null(nan_is_null=True)) is None  # type unknown
+    assert L.to_lance_filter(F("i") == F("i32")) is None  # types unknown
+    assert L.to_lance_filter(F("f") == F("f32"), schema) is None
+    assert L.to_lance_filter(pc.utf8_length(F("s")) > 1) is None
+    assert L.to_lance_filter(F("x") == pa.scalar(decimal.Decimal("1"), pa.decimal256(40, 0))) is None
+    assert L.to_lance_filter(F("nope") == 1, schema) is None
+    assert L.to_lance_filter(F("s") == 1, schema) is None  # type families differ
+    assert L.to_lance_filter(F("a`b") == 1) is None
+    assert L.to_lance_filter(F("i") + 1 == 2) is None
 
 
 def test_lance_expression_route_is_not_enough(lance_ds, tmp_path) -> None:
@@ -867,12 +870,12 @@ def test_lance_expression_route_is_not_enough(lance_ds, tmp_path) -> None:
     )
     with pytest.raises(Exception, match="substrait"):
         with_duration.to_table(filter=F("id") == 1)
-    assert with_duration.to_table(filter=P.to_lance_filter(F("id") == 1))["id"].to_pylist() == [1]
+    assert with_duration.to_table(filter=L.to_lance_filter(F("id") == 1))["id"].to_pylist() == [1]
 
 
 def test_literal_sql_is_exact_for_floats() -> None:
     for v in (0.1, 1e-310, 1e300, -2.5, 1 / 3, INF, -INF):
-        sql = P._literal_sql(pa.scalar(v))
+        sql = L._literal_sql(pa.scalar(v))
         inner = sql.split("'")[1]
         assert float(inner) == v or (math.isnan(v) and math.isnan(float(inner)))
-    assert np.float32(float(P._literal_sql(pa.scalar(0.1, pa.float32())).split("'")[1])) == np.float32(0.1)
+    assert np.float32(float(L._literal_sql(pa.scalar(0.1, pa.float32())).split("'")[1])) == np.float32(0.1)

@@ -24,19 +24,10 @@ import pyarrow.dataset as pds
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.filter import FilterExec
 from memwal_df.read.exec.union import UnionExec
+from memwal_df.read.expression_tree import Call, Field, Literal, Node, decode
 from memwal_df.read.lookup_planner import plan_point_lookup
-from memwal_df.read.planner import Partition, plan_scan
-from memwal_df.read.predicate import (
-    Call,
-    Field,
-    Literal,
-    Node,
-    check_filter,
-    column_predicates,
-    decode,
-    key_lookups,
-    referenced_columns,
-)
+from memwal_df.read.predicate import check_filter, column_predicates, key_lookups, referenced_columns
+from memwal_df.read.scan_planner import Partition, plan_scan
 from memwal_df.read.snapshot import check_consistency, take_snapshot
 from memwal_df.table import Table, open_table
 

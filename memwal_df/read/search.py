@@ -9,8 +9,8 @@ One plan per query, on one read snapshot (the table's consistency mode, plus its
         BruteForceKnnExec: region r gen g              ...
       BruteForceKnnExec: newest level of region r
 
-Region pruning: regions whose values cannot match the `filter` option are not read (the planner's
-`prune_regions`, as for scans). Options arrive as a dict (SQL `named_struct`); unknown names, wrong
+Region pruning: regions whose values cannot match the `filter` option are not read (the scan
+planner's `prune_regions`). Options arrive as a dict (SQL `named_struct`); unknown names, wrong
 types and out-of-range values raise `InvalidConfigError`.
 """
 
@@ -41,8 +41,8 @@ from memwal_df.read.exec.knn import (
     query_vector,
 )
 from memwal_df.read.exec.ranked import RankedExec, TopKExec
-from memwal_df.read.planner import key_type, prune_regions
 from memwal_df.read.predicate import column_predicates
+from memwal_df.read.scan_planner import key_type, prune_regions
 from memwal_df.read.snapshot import Level, ReadSnapshot, RegionLevels, take_snapshot
 from memwal_df.read.sqlexpr import parse_filter
 

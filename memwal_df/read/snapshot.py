@@ -47,7 +47,8 @@ from memwal_df.pools import shared_pool
 from memwal_df.read.cache import PerObjectCache
 from memwal_df.read.exec.keyset import key_array
 from memwal_df.read.keys import distinct_keys
-from memwal_df.read.predicate import referenced_columns, split_for_lance
+from memwal_df.read.lance_filter import split_for_lance
+from memwal_df.read.predicate import referenced_columns
 
 if TYPE_CHECKING:
     from memwal_df.table import Table

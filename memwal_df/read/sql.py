@@ -1,8 +1,11 @@
 """SQL integration: `register(ctx)` adds memwal_df's table functions to a DataFusion SessionContext.
 
-Table functions cannot ask DataFusion for a table by name (that would block inside DataFusion's own
-runtime and panic), so `register` keeps memwal_df's own registry: it wraps the context's
-`register_table` / `deregister_table` to remember which names are `MemWalTable`s.
+The table functions need the `MemWalTable` behind a table name, and DataFusion cannot give it: it
+hands a registered table back only as its own provider (`ctx.table_provider(name)`: a kind and a
+schema, never the Python dataset), and a table function cannot call it anyway (it would block inside
+DataFusion's own runtime and panic). So `register` keeps memwal_df's own registry: it wraps the
+context's `register_table` / `deregister_table` to remember which names are `MemWalTable`s. Only
+tables registered with `ctx.register_table` after `register(ctx)` are found.
 
 Functions:
 - `memwal_explain('t', 'filter')`: the operator tree a query on `t` with that filter gets, one row
@@ -83,11 +86,6 @@ def query(ctx: datafusion.SessionContext, sql: str) -> pa.Table:
         if typed is e:
             raise
         raise typed from e
-
-
-def memwal_table(ctx: datafusion.SessionContext, name: str) -> MemWalTable:
-    """The MemWalTable registered under `name` in a context prepared by `register`."""
-    return _registered(getattr(ctx, _REGISTRY_ATTR, {}), name, "memwal_table")
 
 
 def _registered(tables: dict[str, MemWalTable], name: Any, function: str) -> MemWalTable:

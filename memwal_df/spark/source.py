@@ -4,7 +4,7 @@ Options (both directions): `path` (the table URI, `load(uri)` / `save(uri)`) and
 (a JSON object of Lance-style storage options, e.g. S3 endpoint and keys).
 
 Read: the driver takes one snapshot of the durable levels (the base version and every region's
-latest manifest; no MemTables) and plans it with `memwal_df.read.planner.plan_scan`, as `MemWalTable`
+latest manifest; no MemTables) and plans it with `memwal_df.read.scan_planner.plan_scan`, as `MemWalTable`
 does: region pruning from the pushed filters, one partition per region with unmerged generations
 (deduplicated newest first) and per span of the base table (anti-joined against the newer levels).
 Each Spark task re-plans the pinned snapshot (`memwal_df.read.snapshot.pin` / `restore`) and runs its
@@ -51,8 +51,8 @@ from pyspark.sql.types import StructType
 from memwal_df.errors import InvalidConfigError
 from memwal_df.format import lease
 from memwal_df.format.storage import Storage, open_storage
-from memwal_df.read.planner import Partition, plan_scan
 from memwal_df.read.predicate import column_predicates
+from memwal_df.read.scan_planner import Partition, plan_scan
 from memwal_df.read.snapshot import PinnedSnapshot, pin, restore, take_snapshot
 from memwal_df.spark.filters import conjunction, to_expression
 from memwal_df.spark.routing import ROUTE, check_routable

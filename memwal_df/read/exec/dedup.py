@@ -31,7 +31,8 @@ from memwal_df.errors import MissingGenerationError
 from memwal_df.format.wal import TOMBSTONE
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.keyset import KeySet, key_array
-from memwal_df.read.predicate import referenced_columns, split_for_lance
+from memwal_df.read.lance_filter import split_for_lance
+from memwal_df.read.predicate import referenced_columns
 from memwal_df.read.snapshot import RegionLevels
 
 __all__ = ["AntiJoinScanExec", "BaseSpan", "DeduplicateExec", "LevelKeys", "base_spans", "id_ranges"]

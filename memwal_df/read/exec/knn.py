@@ -34,8 +34,9 @@ from memwal_df.read.exec.base import short_id
 from memwal_df.read.exec.filter_stale import NewerLevels
 from memwal_df.read.exec.ranked import POSITION, RankedExec, grow
 from memwal_df.read.exec.take_last import take_addresses
+from memwal_df.read.lance_filter import split_for_lance
 from memwal_df.read.levels import filter_mask, level_cached, read_level, take_rows
-from memwal_df.read.predicate import referenced_columns, split_for_lance
+from memwal_df.read.predicate import referenced_columns
 from memwal_df.read.snapshot import ImmutableCache, Level
 from memwal_df.read.sq8 import Quantized, Sq8Scores
 

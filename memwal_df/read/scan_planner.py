@@ -1,4 +1,4 @@
-"""The query planner: from a read snapshot and the pushed filter to one operator tree per partition.
+"""The scan planner: from a read snapshot and the pushed filter to one operator tree per partition.
 
 Scan plan (spec "Query Planning"): region pruning from the filter through each region-spec transform's
 `project`, then one `DeduplicateExec` per remaining region with levels, and the base table cut into
