@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memwal_df.read.exec.dedup import AntiJoinScanExec, base_spans
-from memwal_df.read.exec.keyset import KeySet
+from memwal_df.read.keys import KeySet
 
 
 @pytest.fixture(scope="module")

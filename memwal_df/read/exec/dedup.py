@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format.wal import TOMBSTONE
 from memwal_df.read.exec.base import ExecNode
-from memwal_df.read.exec.keyset import KeySet, key_array
+from memwal_df.read.keys import KeySet, key_array
 from memwal_df.read.predicate import referenced_columns, split_for_lance
 from memwal_df.read.snapshot import RegionLevels
 
@@ -91,7 +91,7 @@ class DeduplicateExec(ExecNode):
         self.gap_index = gap_index
 
     def describe(self) -> str:
-        names = [f"{lv.kind[0]}{lv.generation}" for lv in self.region.levels]
+        names = [f"{lv.noun[0]}{lv.generation}" for lv in self.region.levels]
         split = len(names) - self.gap
         line = f"DeduplicateExec: region {self.region.region_id} levels=[{', '.join(names[:split])}]"
         if self.gap:
