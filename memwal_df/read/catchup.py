@@ -54,10 +54,10 @@ from memwal_df.errors import MemWalError
 from memwal_df.format import memwal_index
 from memwal_df.format.wal import TOMBSTONE
 from memwal_df.read.cache import ImmutableCache, described_indices
-from memwal_df.read.exec.dedup import id_ranges
 from memwal_df.read.keys import KeySet, key_array
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.snapshot import ReadSnapshot
+from memwal_df.read.spans import id_ranges
 
 __all__ = ["SCALAR_INDEX_TYPES", "CatchupPlan", "Coverage", "index_coverage"]
 

@@ -28,11 +28,13 @@ import pyarrow as pa
 
 from memwal_df.format.region_spec import RegionSpec
 from memwal_df.read.catchup import Coverage, index_coverage
+from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.base import ExecNode
-from memwal_df.read.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys, base_spans
+from memwal_df.read.exec.dedup import DeduplicateExec, LevelKeys
 from memwal_df.read.exec.union import UnionExec
 from memwal_df.read.keys import KeySet
 from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
+from memwal_df.read.spans import base_spans
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
 
