@@ -3,7 +3,9 @@
 Levels (spec "MemTable Collection"): the base table (generation 0), each region's flushed
 generations that are not merged yet (`generation > merged_generations[region]`, read from the base
 manifest of the pinned base version), and, when a writer is attached, its unflushed MemTables.
-Within a region, levels are ordered newest first; rows of different regions never share a key.
+Within a region, levels are ordered newest first; rows of different regions never share a key. The
+base table is the snapshot's `base` dataset; the other levels are `GenerationLevel` and
+`MemTableLevel` objects (`memwal_df.read.levels`).
 
 Consistency modes:
 - `latest`: the base table's latest version, then each region's latest manifest. Every generation
