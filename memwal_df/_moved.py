@@ -53,6 +53,8 @@ MOVED: dict[str, str] = {
     "exec._keys": "read.keys",
     "exec._levels": "read.levels",
     "exec._sq8": "read.sq8",
+    "exec.keyset": "read.keys",
+    "exec.generation_rows": "read.generation_rows",
     "merger": "jobs.merger",
     "index_builder": "jobs.index_builder",
     "index_catchup": "jobs.index_catchup",

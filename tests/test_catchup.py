@@ -40,7 +40,8 @@ from test_dataset import (
 import memwal_df as mw
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import memwal_index
-from memwal_df.read.exec.dedup import AntiJoinScanExec, DeduplicateExec
+from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
+from memwal_df.read.exec.dedup import DeduplicateExec
 
 FILTER = pc.field("v") < 40
 

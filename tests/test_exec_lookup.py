@@ -36,6 +36,7 @@ from reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import layout, pk_index
+from memwal_df.read.cache import GENERATIONS
 from memwal_df.read.exec import take_last
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
@@ -43,8 +44,9 @@ from memwal_df.read.exec.coalesce_first import CoalesceFirstExec
 from memwal_df.read.exec.take_last import TakeLastExec
 from memwal_df.read.exec.union import UnionExec
 from memwal_df.read.keys import key_filter
+from memwal_df.read.levels import MemTableLevel
 from memwal_df.read.lookup_planner import plan_point_lookup
-from memwal_df.read.snapshot import GENERATIONS, Level, ReadSnapshot, take_snapshot
+from memwal_df.read.snapshot import ReadSnapshot, take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("x", pa.float64())])
 
@@ -635,7 +637,7 @@ def test_short_circuit_newest_level_wins(tmp_path: Path, monkeypatch: pytest.Mon
     try:
         snap = take_snapshot(t, writer=w)
         (region,) = snap.regions
-        assert [(lv.kind, lv.generation) for lv in region.levels] == [
+        assert [(lv.noun, lv.generation) for lv in region.levels] == [
             ("memtable", 4), ("generation", 3), ("generation", 2), ("generation", 1)
         ]  # fmt: skip
         region_short = str(region.region_id)[:8]
@@ -805,7 +807,7 @@ def test_level_kinds_direct(tmp_path: Path) -> None:
         w.delete(id_keys([3]))
         snap = take_snapshot(t, writer=w)
         (level,) = snap.levels
-        assert isinstance(level, Level) and level.kind == "memtable"
+        assert isinstance(level, MemTableLevel)
         out = TakeLastExec(level, id_keys([2, 3, 4]), [], ["id"]).to_table()
         assert out.column_names == ["id", "_tombstone"]
         got = {r["id"]: r["_tombstone"] for r in out.to_pylist()}

@@ -27,9 +27,11 @@ from reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import memwal_index, pk_index
-from memwal_df.read.exec import generation_rows
+from memwal_df.read import generation_rows
+from memwal_df.read.cache import GENERATIONS, ImmutableCache
 from memwal_df.read.exec.take_last import TakeLastExec
-from memwal_df.read.snapshot import GENERATIONS, ImmutableCache, Level, take_snapshot
+from memwal_df.read.levels import GenerationLevel
+from memwal_df.read.snapshot import take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("x", pa.float64())])
 N_BASE = 60
@@ -91,8 +93,8 @@ def collect(t: mw.Table) -> Any:
     return t.gc(grace=timedelta(0))
 
 
-def generation_levels(t: mw.Table) -> list[Level]:
-    return [lv for lv in take_snapshot(t).levels if lv.kind == "generation"]
+def generation_levels(t: mw.Table) -> list[GenerationLevel]:
+    return [lv for lv in take_snapshot(t).levels if isinstance(lv, GenerationLevel)]
 
 
 def test_generation_rows_come_from_memory_once_loaded(

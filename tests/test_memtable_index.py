@@ -32,7 +32,8 @@ from memwal_df.format.memwal_index import read_index_section
 from memwal_df.format.storage import open_storage
 from memwal_df.format.tokenizer import Tokenizer
 from memwal_df.format.wal import TOMBSTONE
-from memwal_df.read.exec.global_bm25 import PairTerms, TermIndex
+from memwal_df.read.fts_terms import PairTerms, TermIndex
+from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.search import plan_fts, plan_vector_search
 from memwal_df.read.snapshot import take_snapshot
 from memwal_df.write.memtable import MemTable
@@ -228,7 +229,7 @@ def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path, metric: str
     }
     snapshot = take_snapshot(t)
     levels = snapshot.levels
-    assert levels and all(lv.kind == "generation" for lv in levels)
+    assert levels and all(isinstance(lv, GenerationLevel) for lv in levels)
     for level in levels:
         ds = level.dataset()
         assert ds is not None

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_df.read.exec.dedup import AntiJoinScanExec, base_spans
-from memwal_df.read.exec.keyset import KeySet
+from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
+from memwal_df.read.keys import KeySet
+from memwal_df.read.spans import base_spans
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from search_oracle import HISTORY_OPS, SearchLsm, history, make_rows, nearest
 from test_vector_search import QUERIES, assert_exact, assert_fresh
 
 from memwal_df.read import levels as _levels
-from memwal_df.read.exec.knn import BruteForceKnnExec
+from memwal_df.read.exec.brute_force_knn import BruteForceKnnExec
+from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.search import plan_vector_search
 
 PARTITIONS = 4
@@ -128,7 +129,7 @@ def test_hypothesis_histories_with_index_behind(
 
 
 def test_resident_generation_rows_equal_lance_takes(behind: SearchLsm, monkeypatch: Any) -> None:
-    """`take_rows` from a generation's in-memory rows returns what a Lance take returns."""
+    """`take` from a generation's in-memory rows returns what a Lance take returns."""
     plan = plan_vector_search(behind.reader(), "vec", QUERIES[2], 10)
     arms = [c for a in plan.children for c in [a, *a.children]]
     level = next(
@@ -136,12 +137,12 @@ def test_resident_generation_rows_equal_lance_takes(behind: SearchLsm, monkeypat
         for a in arms
         if isinstance(a, BruteForceKnnExec)
         for sl in a.levels
-        if sl.level.kind == "generation"
+        if isinstance(sl.level, GenerationLevel)
     )
     positions = np.array([3, 0, 7, 1])
-    resident = _levels.take_rows(level, positions, ["id", "category", "vec", "text"])
+    resident = level.take(positions, ["id", "category", "vec", "text"])
     assert level.cached("resident rows:id,category,vec,text", lambda: None) is not None
     monkeypatch.setattr(_levels, "RESIDENT_BYTES", 0)  # columns in another order: not cached yet
-    taken = _levels.take_rows(level, positions, ["text", "vec", "category", "id"])
+    taken = level.take(positions, ["text", "vec", "category", "id"])
     assert level.cached("resident rows:text,vec,category,id", lambda: None) is _levels._TOO_LARGE
     assert taken.select(resident.column_names).equals(resident)

@@ -18,11 +18,11 @@ from search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, neare
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
-from memwal_df.read.exec.filter_stale import NewerLevels, level_key_set
-from memwal_df.read.exec.knn import METRICS
 from memwal_df.read.exec.ranked import POSITION, RankedExec, TopKExec
+from memwal_df.read.newer_levels import NewerLevels
 from memwal_df.read.search import plan_vector_search
 from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.vectors import METRICS
 
 RNG = np.random.default_rng(7)
 QUERIES = [RNG.standard_normal(DIM).astype(np.float32).tolist() for _ in range(4)]
@@ -185,7 +185,7 @@ def test_newer_levels_exact_despite_bloom(lsm: SearchLsm) -> None:
     want = np.array([k in held for k in probe.column("id").to_pylist()])
     assert (newer.stale(probe) == want).all()  # bloom pre-check where a key set is not read yet
     for level in levels:  # every key set read
-        level_key_set(level, ["id"], pa.int64())
+        level.key_set(["id"], pa.int64())
     assert newer._generations_union() is not None
     assert (newer.stale(probe) == want).all()  # through the union of the generations' key sets
 

@@ -53,10 +53,11 @@ import pyarrow.compute as pc
 from memwal_df.errors import MemWalError
 from memwal_df.format import memwal_index
 from memwal_df.format.wal import TOMBSTONE
-from memwal_df.read.cache import described_indices
-from memwal_df.read.exec.dedup import id_ranges
-from memwal_df.read.exec.keyset import KeySet, key_array
-from memwal_df.read.snapshot import ImmutableCache, Level, ReadSnapshot
+from memwal_df.read.cache import ImmutableCache, described_indices
+from memwal_df.read.keys import KeySet, key_array
+from memwal_df.read.levels import GenerationLevel
+from memwal_df.read.snapshot import ReadSnapshot
+from memwal_df.read.spans import id_ranges
 
 __all__ = ["SCALAR_INDEX_TYPES", "CatchupPlan", "Coverage", "index_coverage"]
 
@@ -74,7 +75,7 @@ class CatchupPlan:
     index: str
     scanned: list[int]
     skipped: list[int]
-    gap: dict[uuid.UUID, list[Level]]
+    gap: dict[uuid.UUID, list[GenerationLevel]]
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def _check_commit(snapshot: ReadSnapshot, version: int) -> str:
 
 def _gap_levels(
     snapshot: ReadSnapshot, gap: dict[uuid.UUID, tuple[int, int]]
-) -> dict[uuid.UUID, list[Level]]:
+) -> dict[uuid.UUID, list[GenerationLevel]]:
     """The snapshot's Level objects of each region's gap generations, newest first."""
     regions = {r.region_id: r for r in snapshot.regions}
     out = {}
@@ -241,7 +242,9 @@ def _gap_levels(
     return out
 
 
-def _missing(levels: dict[uuid.UUID, list[Level]], gap: dict[uuid.UUID, tuple[int, int]]) -> str | None:
+def _missing(
+    levels: dict[uuid.UUID, list[GenerationLevel]], gap: dict[uuid.UUID, tuple[int, int]]
+) -> str | None:
     """Why some gap generation cannot be read, or None."""
     for region_id, (lo, hi) in gap.items():
         gens = {lv.generation for lv in levels[region_id]}
@@ -253,7 +256,7 @@ def _missing(levels: dict[uuid.UUID, list[Level]], gap: dict[uuid.UUID, tuple[in
     return None
 
 
-def _unindexed(levels: dict[uuid.UUID, list[Level]], column: str) -> str | None:
+def _unindexed(levels: dict[uuid.UUID, list[GenerationLevel]], column: str) -> str | None:
     """Why reading the gap generations would cost more than scanning the fragments they stand in for
     (a generation without a scalar index on `column` is scanned whole, like those fragments, and
     deduplicated on top), or None."""
@@ -264,7 +267,7 @@ def _unindexed(levels: dict[uuid.UUID, list[Level]], column: str) -> str | None:
     return None
 
 
-def _indexed_columns(level: Level) -> frozenset[str]:
+def _indexed_columns(level: GenerationLevel) -> frozenset[str]:
     ds = level.dataset()
     if ds is None:
         return frozenset()
@@ -275,7 +278,7 @@ def _indexed_columns(level: Level) -> frozenset[str]:
     )
 
 
-def _newest_live(levels: list[Level], primary_key: list[str]) -> int | None:
+def _newest_live(levels: list[GenerationLevel], primary_key: list[str]) -> int | None:
     """How many keys have a live newest version among `levels` (newest first); None if one is gone.
     Records each level's key set on the level, for the scan that follows."""
     seen: KeySet | None = None

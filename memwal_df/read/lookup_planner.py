@@ -39,13 +39,15 @@ import pyarrow as pa
 from memwal_df.errors import RegionRoutingError, SchemaMismatchError
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import TableSchema, conform
-from memwal_df.read.exec.base import ExecNode, short_id
+from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
 from memwal_df.read.exec.coalesce_first import CoalesceFirstExec
 from memwal_df.read.exec.take_last import TakeLastExec
 from memwal_df.read.exec.union import UnionExec
 from memwal_df.read.keys import TOMBSTONE, distinct_keys, encode_keys, member_mask
-from memwal_df.read.snapshot import Level, ReadSnapshot, RegionLevels, key_region_values, may_hold
+from memwal_df.read.labels import short_id
+from memwal_df.read.levels import GenerationLevel, Level
+from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, key_region_values, may_hold
 
 __all__ = ["plan_point_lookup"]
 
@@ -179,7 +181,7 @@ def _level_input(level: Level, columns: list[str], primary_key: list[str]) -> Ca
     def take(k: pa.Table) -> ExecNode:
         return TakeLastExec(level, k, columns, primary_key)
 
-    if level.kind != "generation":
+    if not isinstance(level, GenerationLevel):
         return take
 
     def guarded(k: pa.Table) -> ExecNode:

@@ -28,11 +28,13 @@ import pyarrow as pa
 
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.read.catchup import Coverage, index_coverage
+from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.base import ExecNode
-from memwal_df.read.exec.dedup import AntiJoinScanExec, DeduplicateExec, LevelKeys, base_spans
-from memwal_df.read.exec.keyset import KeySet
+from memwal_df.read.exec.dedup import DeduplicateExec, LevelKeys
 from memwal_df.read.exec.union import UnionExec
+from memwal_df.read.keys import KeySet
 from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
+from memwal_df.read.spans import base_spans
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
 
@@ -103,7 +105,7 @@ def plan_scan(
     plan = coverage.plan if coverage is not None else None
     gap = plan.gap if plan is not None else {}
     regions = [
-        replace(r, levels=r.levels + gap.get(r.region_id, []))
+        replace(r, levels=[*r.levels, *gap.get(r.region_id, [])])
         for r in prune_regions(snapshot, specs, column_predicates)
     ]
     keys = [LevelKeys(r, pk, ktype) for r in regions if r.levels]

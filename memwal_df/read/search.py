@@ -16,7 +16,7 @@ types and out-of-range values raise `InvalidConfigError`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -28,23 +28,22 @@ from memwal_df.errors import InvalidConfigError
 from memwal_df.format.tokenizer import Tokenizer
 from memwal_df.read.cache import described_indices
 from memwal_df.read.catchup import index_coverage
-from memwal_df.read.exec.base import ExecNode, short_id
-from memwal_df.read.exec.filter_stale import FilterStaleExec, NewerLevels
-from memwal_df.read.exec.global_bm25 import Bm25Exec, FtsQuery, GlobalBM25Exec
-from memwal_df.read.exec.knn import (
-    DISTANCE,
-    METRICS,
-    BruteForceKnnExec,
-    KnnQuery,
-    LanceKnnExec,
-    ShadowedLevel,
-    query_vector,
-)
+from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.exec.bm25 import Bm25Exec
+from memwal_df.read.exec.brute_force_knn import BruteForceKnnExec
+from memwal_df.read.exec.filter_stale import FilterStaleExec
+from memwal_df.read.exec.global_bm25 import GlobalBM25Exec
+from memwal_df.read.exec.lance_knn import LanceKnnExec
 from memwal_df.read.exec.ranked import RankedExec, TopKExec
+from memwal_df.read.fts_terms import FtsQuery
+from memwal_df.read.labels import short_id
+from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
+from memwal_df.read.newer_levels import NewerLevels
 from memwal_df.read.predicate import column_predicates
 from memwal_df.read.scan_planner import key_type, prune_regions
-from memwal_df.read.snapshot import Level, ReadSnapshot, RegionLevels, take_snapshot
+from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, take_snapshot
 from memwal_df.read.sqlexpr import parse_filter
+from memwal_df.read.vectors import DISTANCE, METRICS, KnnQuery, ShadowedLevel, query_vector
 
 if TYPE_CHECKING:
     from memwal_df.read.dataset import MemWalTable
@@ -117,7 +116,7 @@ class _Setup:
     regions: list[RegionLevels]
     filter: pc.Expression | None
 
-    def newer(self, levels: list[Level]) -> NewerLevels:
+    def newer(self, levels: Sequence[Level]) -> NewerLevels:
         return NewerLevels(levels, self.snapshot.schema.primary_key, key_type(self.snapshot))
 
     @property
@@ -208,13 +207,13 @@ def plan_vector_search(
         levels = region.levels + gap.get(region.region_id, [])
         for i, lv in enumerate(levels):
             merged = i >= len(region.levels)
-            if lv.kind == "memtable":
+            if isinstance(lv, MemTableLevel):
                 memtables.append(lv)
                 arms.append(_stale_filtered(BruteForceKnnExec([ShadowedLevel(lv)], knn), s.newer(levels[:i])))
             elif (ds := _indexed_generation(lv, column, metric, indexed_generation_rows)) is not None:
                 arms.append(_stale_filtered(indexed_knn(lv, ds, merged), s.newer(levels[:i])))
             else:
-                newer = [g for g in levels[:i] if g.kind == "generation"]
+                newer = [g for g in levels[:i] if isinstance(g, GenerationLevel)]
                 generations.append(ShadowedLevel(lv, s.newer(newer), merged))
     if generations:
         arms.append(_stale_filtered(BruteForceKnnExec(generations, knn), s.newer(memtables)))
@@ -225,7 +224,7 @@ def _indexed_generation(level: Level, column: str, metric: str, min_rows: int) -
     """The generation's dataset when it is searched through its own vector index: it has one on
     `column` with `metric` and at least `min_rows` rows (below that, brute force over its vectors,
     kept in memory, is both faster and exact)."""
-    if level.kind != "generation":
+    if not isinstance(level, GenerationLevel):
         return None
     ds = level.dataset()
     if ds is None or level.cached("num-rows", ds.count_rows) < min_rows:

@@ -3,7 +3,9 @@
 Levels (spec "MemTable Collection"): the base table (generation 0), each region's flushed
 generations that are not merged yet (`generation > merged_generations[region]`, read from the base
 manifest of the pinned base version), and, when a writer is attached, its unflushed MemTables.
-Within a region, levels are ordered newest first; rows of different regions never share a key.
+Within a region, levels are ordered newest first; rows of different regions never share a key. The
+base table is the snapshot's `base` dataset; the other levels are `GenerationLevel` and
+`MemTableLevel` objects (`memwal_df.read.levels`).
 
 Consistency modes:
 - `latest`: the base table's latest version, then each region's latest manifest. Every generation
@@ -23,21 +25,16 @@ generations hide older duplicates with a deletion vector, MemTable copies are de
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import lance
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from memwal_df.errors import CorruptManifestError, InvalidConfigError, MissingGenerationError, NotFoundError
+from memwal_df.errors import CorruptManifestError, InvalidConfigError
 from memwal_df.format import layout, memwal_index, region_snapshot
-from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
@@ -45,13 +42,10 @@ from memwal_df.format.schema import TableSchema, conform
 from memwal_df.format.storage import LocalStorage, Storage
 from memwal_df.pools import shared_pool
 from memwal_df.read.cache import PerObjectCache
-from memwal_df.read.exec.keyset import key_array
 from memwal_df.read.keys import distinct_keys
-from memwal_df.read.lance_filter import split_for_lance
-from memwal_df.read.predicate import referenced_columns
+from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
 
 if TYPE_CHECKING:
-    from memwal_df.table import Table
     from memwal_df.write.memtable import MemTableSnapshot
     from memwal_df.write.region_writer import RegionWriter
     from memwal_df.write.table_writer import TableWriter
@@ -62,219 +56,30 @@ _PARALLEL_MANIFEST_READS = 16
 _MAX_PLANNING_ATTEMPTS = 5
 
 
-class ImmutableCache:
-    """Values derived from files that never change once written, keyed by (URI, name), least
-    recently used dropped beyond `capacity` entries or beyond `max_bytes` of the sizes callers declare
-    (`size=`; an entry without one counts 0 bytes). Thread-safe; racing threads may compute a value
-    twice.
+class OpenTable(Protocol):
+    """What a snapshot reads from an open table (`memwal_df.table.Table`): its pinned base version and
+    MemWAL index details, its storage, schema and region specs, and the regions it has seen."""
 
-    `GENERATIONS` holds per-generation state across queries and tables of the process: a generation
-    directory never changes once its manifest entry is committed (a retried flush writes a new
-    directory), so its opened dataset, bloom filter, `_pk_index` and in-memory rows stay valid until
-    it is garbage-collected, which readers detect when a read fails."""
-
-    def __init__(self, capacity: int = 4096, *, max_bytes: int | None = None) -> None:
-        self._items: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._capacity = capacity
-        self._max_bytes = max_bytes
-        self._bytes = 0
-
-    @property
-    def max_bytes(self) -> int | None:
-        return self._max_bytes
-
-    @property
-    def nbytes(self) -> int:
-        """The declared sizes of the entries held."""
-        return self._bytes
-
-    def configure(self, *, capacity: int | None = None, max_bytes: int | None = None) -> None:
-        """Change the bounds (entries beyond them are dropped at once)."""
-        with self._lock:
-            if capacity is not None:
-                self._capacity = capacity
-            if max_bytes is not None:
-                self._max_bytes = max_bytes
-            self._evict()
-
-    def get(
-        self, uri: str, name: str, compute: Callable[[], Any], size: Callable[[Any], int] | None = None
-    ) -> Any:
-        """The value kept for (uri, name), else `compute()` kept (unless None) with `size(value)` bytes."""
-        found = self.peek(uri, name)
-        if found is not None:
-            return found
-        value = compute()
-        if value is not None:
-            self.put(uri, name, value, 0 if size is None else size(value))
-        return value
-
-    def peek(self, uri: str, name: str) -> Any:
-        """The value kept for (uri, name) (marked recently used), else None; computes nothing."""
-        key = (uri, name)
-        with self._lock:
-            entry = self._items.get(key)
-            if entry is None:
-                return None
-            self._items.move_to_end(key)
-            return entry[0]
-
-    def put(self, uri: str, name: str, value: Any, nbytes: int = 0) -> None:
-        """Keep `value` for (uri, name), declared as `nbytes` bytes."""
-        key = (uri, name)
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._items[key] = (value, nbytes)
-            self._bytes += nbytes
-            self._evict()
-
-    def _evict(self) -> None:
-        while len(self._items) > self._capacity or (
-            self._max_bytes is not None and self._bytes > self._max_bytes and self._items
-        ):
-            _, (_, nbytes) = self._items.popitem(last=False)
-            self._bytes -= nbytes
-
-    def forget(self, uri: str) -> None:
-        with self._lock:
-            for key in [k for k in self._items if k[0] == uri]:
-                self._bytes -= self._items.pop(key)[1]
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-GENERATION_CACHE_BYTES = 256 << 20
-"""Default bound of `GENERATIONS`' declared sizes (bloom filters, `_pk_index`es, in-memory rows)."""
-
-GENERATIONS = ImmutableCache(max_bytes=GENERATION_CACHE_BYTES)
-
-
-@dataclass
-class Level:
-    """One source of rows: a flushed generation or an unflushed MemTable of one region.
-
-    Rows carry the table's columns plus `_tombstone`. `generation` orders levels within a region;
-    `memtable` levels hold an Arrow table, `generation` levels a path opened on demand."""
-
-    kind: Literal["generation", "memtable"]
-    region_id: uuid.UUID
-    generation: int
+    uri: str
     storage: Storage
-    path: str | None = None  # generation directory relative to the table root
-    table: pa.Table | None = None  # MemTable rows (newest per key, tombstones included)
-    # The MemTable `table` was copied from, with its indexes (MemTable levels of a writer).
-    source: MemTableSnapshot | None = field(default=None, repr=False, compare=False)
-    _dataset: lance.LanceDataset | None = field(default=None, repr=False)
-    _bloom: BloomFilter | None = field(default=None, repr=False)
-    _keys: pa.Array | None = field(default=None, repr=False)
-    missing: bool = False
+    storage_options: dict[str, str]
+    dataset: lance.LanceDataset
+    details: pb.MemWalIndexDetails
+    schema: TableSchema
+    spec: RegionSpec | None
 
     @property
-    def name(self) -> str:
-        return f"{self.kind} {self.generation} of region {self.region_id}"
+    def specs(self) -> dict[int, RegionSpec]: ...
 
-    @cached_property
-    def uri(self) -> str:
-        return self.storage.child_uri(self.path or "")
+    def sync(self) -> None: ...
 
-    def cached(self, name: str, compute: Callable[[], Any], size: Callable[[Any], int] | None = None) -> Any:
-        """A value derived from this generation's files, computed once per process (None: not kept);
-        `size` declares its bytes to `GENERATIONS`' byte bound."""
-        return GENERATIONS.get(self.uri, name, compute, size)
+    def is_latest(self, version: int) -> bool: ...
 
-    def dataset(self) -> lance.LanceDataset | None:
-        """The generation's Lance dataset; None (and `missing` set) if it was garbage-collected."""
-        if self.kind != "generation" or self.missing:
-            return None
-        if self._dataset is None:
-            try:
-                options = self.storage.storage_options or None
-                self._dataset = self.cached(
-                    "dataset", lambda: lance.dataset(self.uri, storage_options=options)
-                )
-            except (ValueError, OSError) as e:
-                self._gone_or_raise(e)
-                return None
-        return self._dataset
+    def region_ids(self) -> list[uuid.UUID]: ...
 
-    def _gone_or_raise(self, cause: Exception) -> None:
-        """After a failed read: mark the level missing if its directory was garbage-collected; a
-        directory that exists but cannot be read is an error naming Lance's reason (skipping it
-        would return stale rows)."""
-        GENERATIONS.forget(self.uri)
-        if self.storage.list(self.path or ""):
-            raise MissingGenerationError(
-                f"{self.name} exists but cannot be read: {self.path} ({cause})"
-            ) from cause
-        self.missing = True
+    def region_values(self, m: pb.ShardManifest) -> tuple[Any, ...] | None: ...
 
-    def bloom(self) -> BloomFilter | None:
-        """The level's primary-key bloom filter (None if the generation has none)."""
-        if self._bloom is None:
-            if self.kind == "memtable":
-                return None
-            try:
-                path = f"{self.path}/{layout.BLOOM_FILTER_FILE}"
-                self._bloom = self.cached(
-                    "bloom",
-                    lambda: BloomFilter.from_bytes(self.storage.get(path)),
-                    lambda _: BloomFilter.NUM_BYTES,
-                )
-            except (NotFoundError, ValueError):
-                return None
-        return self._bloom
-
-    def keys(self, primary_key: Sequence[str]) -> pa.Array | None:
-        """Every key the level holds (tombstones included), as one key array; None if it is gone.
-        Read once per query (the snapshot lives for one query)."""
-        if self._keys is None:
-            t = self.to_table(list(primary_key))
-            if t is None:
-                return None
-            self._keys = key_array([t.column(c) for c in primary_key])
-        return self._keys
-
-    def set_keys(self, keys: pa.Array) -> None:
-        """Record the level's full key set when a caller has read it anyway (an unfiltered read)."""
-        if self._keys is None:
-            self._keys = keys
-
-    def to_table(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: pc.Expression | None = None,
-        schema: pa.Schema | None = None,
-    ) -> pa.Table | None:
-        """The level's rows (only `columns`, rows matching `filter` by pyarrow's rules), None if the
-        level is gone. `schema` (the table's) lets the filter be pushed into Lance's scan."""
-        if self.kind == "memtable":
-            assert self.table is not None
-            t = self.table if filter is None else self.table.filter(filter)
-            return t if columns is None else t.select(list(columns))
-        ds = self.dataset()
-        if ds is None:
-            return None
-        sql, residual = split_for_lance(filter, schema)
-        cols = None if columns is None else list(columns)
-        read = (
-            cols
-            if residual is None or cols is None
-            else list(dict.fromkeys([*cols, *referenced_columns(residual)]))
-        )
-        try:
-            t = ds.to_table(columns=read, filter=sql)
-        except (ValueError, OSError) as e:
-            self._gone_or_raise(e)  # collected while we read it, or unreadable
-            return None
-        if residual is not None:
-            t = t.filter(residual)
-            if cols is not None:
-                t = t.select(cols)
-        return t
+    def known_region(self, region_id: uuid.UUID) -> tuple[int, tuple[Any, ...] | None] | None: ...
 
 
 @dataclass
@@ -286,7 +91,7 @@ class RegionLevels:
     spec_id: int
     values: tuple[Any, ...] | None
     levels: list[Level]
-    merged: list[Level] = field(default_factory=list)
+    merged: list[GenerationLevel] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -350,7 +155,7 @@ def may_hold(spec: RegionSpec, targets: Container[tuple[Any, ...]], spec_id: int
 
 
 def take_snapshot(
-    table: Table,
+    table: OpenTable,
     consistency: Consistency = "latest",
     writer: TableWriter | RegionWriter | None = None,
     *,
@@ -378,7 +183,7 @@ def take_snapshot(
     return snapshot
 
 
-def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Table | None) -> ReadSnapshot:
+def _take(table: OpenTable, writer: TableWriter | RegionWriter | None, keys: pa.Table | None) -> ReadSnapshot:
     table.sync()
     base = table.dataset
     merged = memwal_index.merged_generations(table.details)
@@ -424,7 +229,7 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys, unreadable)
 
 
-def _unreadable(table: Table, region_id: uuid.UUID, error: CorruptManifestError) -> UnreadableRegion:
+def _unreadable(table: OpenTable, region_id: uuid.UUID, error: CorruptManifestError) -> UnreadableRegion:
     """The region whose latest manifest raised `error`, with its spec id and values as the table
     remembers them or as its oldest readable manifest version records them (-1, None: unknown)."""
     known = table.known_region(region_id)
@@ -441,7 +246,7 @@ def _unreadable(table: Table, region_id: uuid.UUID, error: CorruptManifestError)
     return UnreadableRegion(region_id, -1, None, error)
 
 
-_LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
+_LATEST_MANIFESTS: PerObjectCache[OpenTable, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
 
 
 def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
@@ -460,7 +265,7 @@ def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None)
     return store.latest()
 
 
-def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
+def _region_selector(table: OpenTable, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
     """For a point-lookup snapshot (`keys` conformed to the key schema), a test of (spec id, region
     values) for the regions to read; None when every region is read (no keys, or keys the region
     spec cannot route)."""
@@ -476,7 +281,7 @@ def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any]
 
 
 def _take_indexed(
-    table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
+    table: OpenTable, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
 ) -> ReadSnapshot:
     """`snapshot` mode: region states from the pinned version's MemWAL index snapshot (no manifest
     read; a region the writer writes uses the writer's manifest when it is newer). Without a
@@ -509,7 +314,7 @@ def check_consistency(mode: str) -> Consistency:
     return mode  # type: ignore[return-value]
 
 
-def _region_values(table: Table, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+def _region_values(table: OpenTable, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
     """The region's values (decoded once per table: a region's spec and values never change)."""
     known = table.known_region(region_id)
     if known is not None and known[0] == m.shard_spec_id:
@@ -518,7 +323,7 @@ def _region_values(table: Table, region_id: uuid.UUID, m: pb.ShardManifest) -> t
 
 
 def _region_levels(
-    table: Table,
+    table: OpenTable,
     region_id: uuid.UUID,
     m: pb.ShardManifest,
     values: tuple[Any, ...] | None,
@@ -528,18 +333,12 @@ def _region_levels(
     """A region's levels, newest first: the writer's MemTables, then its unmerged generations; its
     merged generations that the manifest still lists go to `merged` (catch-up plans read them)."""
     floor = merged.get(region_id, 0)
-    levels = [
-        Level("memtable", region_id, mt.generation, table.storage, table=mt.table, source=mt)
+    levels: list[Level] = [
+        MemTableLevel(region_id, mt.generation, table.storage, mt.table, source=mt)
         for mt in reversed(memtables.get(region_id, []))
     ]
     flushed = [
-        Level(
-            "generation",
-            region_id,
-            s.generation,
-            table.storage,
-            path=layout.generation_path(region_id, s.path),
-        )
+        GenerationLevel(region_id, s.generation, table.storage, layout.generation_path(region_id, s.path))
         for s in sorted(m.sstables, key=lambda s: -s.generation)
     ]
     levels += [lv for lv in flushed if lv.generation > floor]
@@ -589,11 +388,12 @@ class PinnedSnapshot:
 def pin(snapshot: ReadSnapshot) -> PinnedSnapshot:
     """`snapshot` as plain data; MemTable levels cannot be pinned (they live in one process).
     Unreadable regions are left out: plan the snapshot first, which raises for one the query needs."""
-    if any(lv.kind != "generation" for r in snapshot.regions for lv in r.levels):
-        raise InvalidConfigError("a snapshot with MemTable levels cannot be pinned")
 
-    def gens(levels: list[Level]) -> tuple[tuple[int, str], ...]:
-        return tuple((lv.generation, lv.path or "") for lv in levels)
+    def gens(levels: Sequence[Level]) -> tuple[tuple[int, str], ...]:
+        generations = [lv for lv in levels if isinstance(lv, GenerationLevel)]
+        if len(generations) != len(levels):
+            raise InvalidConfigError("a snapshot with MemTable levels cannot be pinned")
+        return tuple((lv.generation, lv.path) for lv in generations)
 
     return PinnedSnapshot(
         snapshot.base.version,
@@ -601,7 +401,7 @@ def pin(snapshot: ReadSnapshot) -> PinnedSnapshot:
     )
 
 
-def restore(table: Table, pinned: PinnedSnapshot) -> ReadSnapshot:
+def restore(table: OpenTable, pinned: PinnedSnapshot) -> ReadSnapshot:
     """The `ReadSnapshot` that `pin` described, opened through `table` (same table, any process)."""
     table.sync()
     if table.dataset.version == pinned.base_version:
@@ -614,11 +414,11 @@ def restore(table: Table, pinned: PinnedSnapshot) -> ReadSnapshot:
             raise InvalidConfigError(f"base version {pinned.base_version} has no MemWAL index")
         details = found[0]
 
-    def levels(region_id: uuid.UUID, gens: tuple[tuple[int, str], ...]) -> list[Level]:
-        return [Level("generation", region_id, g, table.storage, path=p) for g, p in gens]
+    def levels(region_id: uuid.UUID, gens: tuple[tuple[int, str], ...]) -> list[GenerationLevel]:
+        return [GenerationLevel(region_id, g, table.storage, p) for g, p in gens]
 
     regions = [
-        RegionLevels(rid, spec_id, values, levels(rid, unmerged), levels(rid, merged))
+        RegionLevels(rid, spec_id, values, [*levels(rid, unmerged)], levels(rid, merged))
         for rid, spec_id, values, unmerged, merged in pinned.regions
     ]
     return ReadSnapshot(table.schema, base, details, regions, "latest", table.storage)

@@ -9,7 +9,7 @@ lies within E = e + e_q of s * sqrt(D_i): both bounds grow with D_i, so the rows
 the n nearest are those whose D_i is at most an integer threshold; the caller measures those exactly.
 
 Guarantees: `Sq8Scores.uppers` are never below, and the rows `Sq8Scores.within` leaves out are
-always above, the squared distance that `knn.distances` computes in float32 (the bounds are widened
+always above, the squared distance that `vectors.distances` computes in float32 (the bounds are widened
 by that computation's rounding error), so a search that re-ranks `within` exactly stays exact.
 """
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-__all__ = ["ExecNode", "short_id"]
+__all__ = ["ExecNode"]
 
 
 class ExecNode(ABC):
@@ -54,8 +54,3 @@ class ExecNode(ABC):
             raise ValueError(f"{type(self).__name__} produced no rows and knows no schema")
         return pa.Table.from_batches(batches)
 
-
-def short_id(value: object) -> str:
-    """The first 8 characters of an id, for one-line descriptions: `1a2b3c4d…`."""
-    text = str(value)
-    return text if len(text) <= 8 else text[:8] + "\u2026"

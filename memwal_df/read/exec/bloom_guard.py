@@ -24,8 +24,9 @@ import pyarrow as pa
 
 from memwal_df.format.bloom import hash_primary_keys
 from memwal_df.read.cache import PerObjectCache
-from memwal_df.read.exec.base import ExecNode, short_id
-from memwal_df.read.snapshot import Level
+from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.labels import short_id
+from memwal_df.read.levels import Level
 
 __all__ = ["BloomFilterGuardExec"]
 

@@ -24,21 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df.read.batches import conform_batch
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.keys import TOMBSTONE, distinct_keys, encode_keys
 
-__all__ = ["CoalesceFirstExec", "conform_batch"]
-
-
-def conform_batch(batch: pa.RecordBatch, schema: pa.Schema | None) -> pa.RecordBatch:
-    """`batch` with exactly `schema`'s columns, types and metadata (unchanged when `schema` is None)."""
-    if schema is None or batch.schema.equals(schema, check_metadata=True):
-        return batch
-    arrays = []
-    for f in schema:
-        col = batch.column(f.name)
-        arrays.append(col if col.type == f.type else col.cast(f.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+__all__ = ["CoalesceFirstExec"]
 
 
 class CoalesceFirstExec(ExecNode):

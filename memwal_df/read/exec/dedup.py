@@ -20,22 +20,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format.wal import TOMBSTONE
 from memwal_df.read.exec.base import ExecNode
-from memwal_df.read.exec.keyset import KeySet, key_array
-from memwal_df.read.lance_filter import split_for_lance
-from memwal_df.read.predicate import referenced_columns
+from memwal_df.read.keys import KeySet, key_array
 from memwal_df.read.snapshot import RegionLevels
 
-__all__ = ["AntiJoinScanExec", "BaseSpan", "DeduplicateExec", "LevelKeys", "base_spans", "id_ranges"]
+__all__ = ["DeduplicateExec", "LevelKeys"]
 
 
 class LevelKeys:
@@ -92,7 +88,7 @@ class DeduplicateExec(ExecNode):
         self.gap_index = gap_index
 
     def describe(self) -> str:
-        names = [f"{lv.kind[0]}{lv.generation}" for lv in self.region.levels]
+        names = [f"{lv.noun[0]}{lv.generation}" for lv in self.region.levels]
         split = len(names) - self.gap
         line = f"DeduplicateExec: region {self.region.region_id} levels=[{', '.join(names[:split])}]"
         if self.gap:
@@ -127,121 +123,3 @@ class DeduplicateExec(ExecNode):
             else:
                 out = rows.filter(pa.array(keep)) if not keep.all() else rows
                 yield from out.select(self.columns).to_batches()
-
-
-@dataclass(frozen=True)
-class BaseSpan:
-    """The base rows whose row address (`fragment_id << 32 | offset`) is in `[start, stop)`, read from
-    `fragment_ids` (every fragment the span touches). Spans split one large fragment across partitions;
-    the `_rowaddr` range is exact (deleted rows stay hidden) and Lance reads only that part of it."""
-
-    fragment_ids: tuple[int, ...]
-    start: int
-    stop: int
-
-    def sql(self) -> str:
-        return f"_rowaddr >= {self.start} AND _rowaddr < {self.stop}"
-
-    def describe(self) -> str:
-        def addr(a: int) -> str:
-            return f"{a >> 32}:{a & 0xFFFFFFFF}"
-
-        return f"fragments={id_ranges(self.fragment_ids)} rows [{addr(self.start)}, {addr(self.stop)})"
-
-
-def base_spans(fragments: Sequence[tuple[int, int]], count: int, min_rows: int) -> list[BaseSpan]:
-    """At most `count` contiguous spans of about equal size (at least `min_rows` rows each, except the
-    last) covering every row of `fragments`, given as (fragment id, physical rows) in any order."""
-    frags = sorted((f, n) for f, n in fragments if n > 0)
-    total = sum(n for _, n in frags)
-    if not total:
-        return []
-    size = max(-(-total // max(count, 1)), min_rows)
-    spans: list[BaseSpan] = []
-    ids: list[int] = []
-    start, filled = frags[0][0] << 32, 0
-    for fid, rows in frags:
-        offset = 0
-        while offset < rows:
-            take = min(rows - offset, size - filled)
-            ids.append(fid)
-            offset += take
-            filled += take
-            if filled == size:
-                stop = fid << 32 | offset
-                spans.append(BaseSpan(tuple(ids), start, stop))
-                ids, start, filled = [], stop, 0
-    if ids:
-        spans.append(BaseSpan(tuple(ids), start, frags[-1][0] << 32 | frags[-1][1]))
-    return spans
-
-
-class AntiJoinScanExec(ExecNode):
-    """Rows of a span of the base table whose key is in no newer level (the `shadow` key set).
-
-    The base table holds one row per key, so the pushed filter goes into the Lance scan itself, with
-    the span's `_rowaddr` range. Any filter makes Lance read the other columns late, by row address,
-    and a `_rowaddr` range over whole fragments makes Lance's scan several times faster than a plain
-    scan of a wide base (a vector column). `note` says why these fragments were chosen (index
-    coverage), for `explain`."""
-
-    def __init__(
-        self,
-        base: Any,
-        span: BaseSpan,
-        primary_key: Sequence[str],
-        columns: Sequence[str],
-        filter: Any,
-        shadow: Any,
-        note: str = "",
-    ) -> None:
-        self.base = base
-        self.span = span
-        self.primary_key = list(primary_key)
-        self.columns = list(columns)
-        self.filter = filter
-        self.shadow = shadow  # a zero-argument callable returning the KeySet (computed once, shared)
-        self.note = note
-
-    @property
-    def fragment_ids(self) -> list[int]:
-        return list(self.span.fragment_ids)
-
-    def describe(self) -> str:
-        line = (
-            f"AntiJoinScanExec: base v{self.base.version} {self.span.describe()} minus keys of newer levels"
-        )
-        if self.filter is not None:
-            line += f", filter={self.filter}"
-        return line + (f" ({self.note})" if self.note else "")
-
-    def execute(self) -> Iterator[pa.RecordBatch]:
-        shadow: KeySet = self.shadow()
-        sql, residual = split_for_lance(self.filter, self.base.schema)
-        extra = [*self.primary_key] if len(shadow) or not self.columns else []
-        if residual is not None:
-            extra += sorted(referenced_columns(residual))
-        needed = list(dict.fromkeys([*self.columns, *extra]))
-        fragments = [self.base.get_fragment(i) for i in self.span.fragment_ids]
-        rows = self.span.sql()
-        flt = rows if sql is None else f"({rows}) AND ({sql})"
-        for batch in self.base.scanner(columns=needed, filter=flt, fragments=fragments).to_batches():
-            if batch.num_rows and residual is not None:
-                batch = batch.filter(residual)
-            if batch.num_rows and len(shadow):
-                hit = shadow.contains(key_array([batch.column(c) for c in self.primary_key]))
-                if hit.any():
-                    batch = batch.filter(pa.array(~hit))
-            if batch.num_rows:
-                yield batch.select(self.columns) if needed != self.columns else batch
-
-
-def id_ranges(ids: Sequence[int]) -> str:
-    """`[0-3,7]`: ids as sorted runs."""
-    if not ids:
-        return "[]"
-    a = np.asarray(sorted(ids))
-    breaks = np.flatnonzero(np.diff(a) != 1)
-    starts = np.r_[a[0], a[breaks + 1]]
-    ends = np.r_[a[breaks], a[-1]]
-    return "[" + ",".join(f"{s}" if s == e else f"{s}-{e}" for s, e in zip(starts, ends, strict=True)) + "]"

@@ -8,7 +8,7 @@ Guarantees:
   Base-table rows get `_tombstone = false` (the base table holds live rows only).
 * A generation that was garbage-collected (its directory is gone, before or while it is read) holds
   nothing; that is not an error (spec: its rows are in the base table already). Readers kept open
-  from an earlier lookup (see `_fragment_take`), or its in-memory copy, may still serve a collected
+  from an earlier lookup (see `fragments.fragment_take`), or its in-memory copy, may still serve a collected
   generation: they return its rows, which is what the snapshot that lists the generation holds.
 
 How each level is read:
@@ -21,7 +21,7 @@ How each level is read:
   generations) by row address (`LanceDataset._take_rows`, which takes physical offsets in fragment 0
   and drops rows a deletion vector hides; `take()` and `LanceFragment.take()` count only visible
   rows, so they cannot be fed index offsets). The index is read once per process
-  (`snapshot.GENERATIONS`). A generation without a usable index (none, or not one fragment 0 of the
+  (`cache.GENERATIONS`). A generation without a usable index (none, or not one fragment 0 of the
   indexed size) is scanned with a key filter instead and the row with the
   largest row address per key is kept.
 * unflushed MemTable: vectorized membership test on the key columns (the copy is newest-per-key).
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import lance
 import numpy as np
@@ -47,9 +46,11 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import NotFoundError
 from memwal_df.format import pk_index
+from memwal_df.read import generation_rows
+from memwal_df.read.batches import projected_schema
 from memwal_df.read.cache import PerObjectCache, described_indices
-from memwal_df.read.exec import generation_rows
-from memwal_df.read.exec.base import ExecNode, short_id
+from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.fragments import fragment_take
 from memwal_df.read.keys import (
     TOMBSTONE,
     encode_keys,
@@ -58,9 +59,9 @@ from memwal_df.read.keys import (
     member_mask,
     output_columns,
 )
-from memwal_df.read.snapshot import Level
+from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
 
-__all__ = ["TakeLastExec", "level_label", "take_addresses"]
+__all__ = ["TakeLastExec"]
 
 _ROWADDR = "_rowaddr"
 
@@ -72,20 +73,13 @@ class _PkIndex:
     visible_is_physical: bool  # fragment 0 has no deletion vector: offsets are `take` offsets
 
 
-def level_label(level: Level) -> str:
-    """`generation 3 of region 1a2b3c4d…` / `memtable 4 of region 1a2b3c4d…`."""
-    return f"{level.kind} {level.generation} of region {short_id(level.region_id)}"
-
-
-def _load_pk_index(level: Level, ds: lance.LanceDataset) -> _PkIndex | None:
+def _load_pk_index(level: GenerationLevel, ds: lance.LanceDataset) -> _PkIndex | None:
     """The generation's `_pk_index`, or None when it has none or it cannot address the rows."""
     fragments = ds.get_fragments()
     if len(fragments) != 1 or fragments[0].fragment_id != 0:
         return None
     try:
-        values, ids = pk_index.read_pk_index(
-            level.storage.child_uri(level.path or ""), level.storage.storage_options or None
-        )
+        values, ids = pk_index.read_pk_index(level.uri, level.storage.storage_options or None)
     except NotFoundError:
         return None
     physical_rows = fragments[0].metadata.physical_rows
@@ -98,7 +92,7 @@ def _pk_index_bytes(index: _PkIndex | None) -> int:
     return 0 if index is None else index.values.nbytes + index.ids.nbytes
 
 
-def _generation_gone(level: Level) -> bool:
+def _generation_gone(level: GenerationLevel) -> bool:
     try:
         return not level.storage.list_dir(f"{level.path}/_versions")
     except NotFoundError:
@@ -142,13 +136,13 @@ class TakeLastExec(ExecNode):
     @property
     def source_label(self) -> str:
         if isinstance(self.source, Level):
-            return level_label(self.source)
+            return self.source.label
         return f"base table v{self.source.version}"
 
     def describe(self) -> str:
         if self.method is None:
             if isinstance(self.source, Level):
-                self.method = "_pk_index" if self.source.kind == "generation" else "key hash match"
+                self.method = "_pk_index" if isinstance(self.source, GenerationLevel) else "key hash match"
             else:
                 self.method = _base_method(self.source, self.primary_key)
         return f"TakeLastExec: {self.source_label}, via {self.method}, keys={self.keys.num_rows}"
@@ -159,9 +153,10 @@ class TakeLastExec(ExecNode):
         if self.keys.num_rows == 0:
             return
         if isinstance(self.source, Level):
-            if self.source.kind == "memtable":
+            if isinstance(self.source, MemTableLevel):
                 result = self._memtable(self.source)
             else:
+                assert isinstance(self.source, GenerationLevel)
                 result = self._generation(self.source)
             if result is not None and result.num_rows:
                 self.rows_out += result.num_rows
@@ -169,17 +164,17 @@ class TakeLastExec(ExecNode):
             return
         yield from self._base(self.source)
 
-    def _memtable(self, level: Level) -> pa.Table:
+    def _memtable(self, level: MemTableLevel) -> pa.Table:
         self.method = "key hash match"
         table, held = level.table, level.keys(self.primary_key)  # the level's keys: encoded once
-        assert table is not None and held is not None
+        assert held is not None
         wanted = encode_keys(self.keys, self.primary_key)
         if wanted.type != held.type:
             wanted = wanted.cast(held.type)
         table = table.filter(pc.is_in(held, value_set=wanted))
         return last_per_key(table, self.primary_key).select([*self.columns, TOMBSTONE])
 
-    def _generation(self, level: Level) -> pa.Table | None:
+    def _generation(self, level: GenerationLevel) -> pa.Table | None:
         ds = level.dataset()
         if ds is None:
             self.method = "nothing (generation garbage-collected)"
@@ -202,7 +197,9 @@ class TakeLastExec(ExecNode):
                 return None
             raise
 
-    def _take_by_index(self, level: Level, ds: lance.LanceDataset, index: _PkIndex) -> pa.Table | None:
+    def _take_by_index(
+        self, level: GenerationLevel, ds: lance.LanceDataset, index: _PkIndex
+    ) -> pa.Table | None:
         """The newest rows by `_pk_index` offsets (from the in-memory copy when there is one); None if
         the index disagrees with the visible rows."""
         encoded = encode_keys(self.keys, self.primary_key)
@@ -210,13 +207,13 @@ class TakeLastExec(ExecNode):
         offsets = np.unique(rows[rows >= 0])
         columns = [*self.columns, TOMBSTONE]
         if len(offsets) == 0:
-            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+            return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
         if index.visible_is_physical:
             copy = generation_rows.cached_rows(level, ds, index.values, index.ids, self.primary_key)
             if copy is not None:  # checked against the index when it was loaded
                 self.method = "_pk_index, in-memory rows"
                 return generation_rows.take(copy, offsets, columns)
-            taken = _fragment_take(ds, 0, offsets, columns)
+            taken = fragment_take(ds, 0, offsets, columns)
         else:  # fragment 0, no stable row ids: a row address is the physical offset
             taken = ds._take_rows(pa.array(offsets, pa.uint64()), columns=columns)
         if taken.num_rows != len(offsets) or not member_mask(taken, self.primary_key, encoded).all():
@@ -273,54 +270,6 @@ def _live(rows: pa.Table) -> pa.Table:
     return rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
 
 
-_MAX_SESSIONS = 64  # per dataset object: one per fragment and column list in use
-_sessions: PerObjectCache[lance.LanceDataset, dict[tuple[int, tuple[str, ...]], Any]] = PerObjectCache()
-
-
-def _fragment_take(
-    ds: lance.LanceDataset, fragment_id: int, offsets: np.ndarray, columns: Sequence[str]
-) -> pa.Table:
-    """The rows at `offsets` (strictly increasing) among the visible rows of fragment `fragment_id`,
-    read through a `FragmentSession` kept per dataset object, fragment and column list (it keeps the
-    file readers open: a take costs about half of `_take_rows`)."""
-    sessions = _sessions.get(ds, dict)
-    key = (fragment_id, tuple(columns))
-    session = sessions.get(key)
-    if session is None:
-        if len(sessions) >= _MAX_SESSIONS:
-            sessions.clear()
-        session = sessions[key] = ds.get_fragment(fragment_id).open_session(list(columns))
-    return session.take(pa.array(offsets, pa.uint64()))
-
-
-_whole: PerObjectCache[lance.LanceDataset, dict[int, bool]] = PerObjectCache()
-
-
-def take_addresses(ds: lance.LanceDataset, addresses: np.ndarray, columns: Sequence[str]) -> pa.Table:
-    """The live rows at row `addresses` (`_rowaddr`: fragment id << 32 | physical offset), in that
-    order. A fragment without a deletion file (physical offsets are visible offsets) is read through
-    its kept `FragmentSession` (the cheaper read), any other through `_take_rows`."""
-    addresses = np.asarray(addresses, dtype=np.uint64)
-    whole = _whole.get(
-        ds, lambda: {f.fragment_id: f.metadata.deletion_file is None for f in ds.get_fragments()}
-    )
-    fragments = (addresses >> np.uint64(32)).astype(np.int64)
-    order = np.argsort(addresses, kind="stable")
-    parts = []
-    for fragment in np.unique(fragments):
-        at = addresses[order[fragments[order] == fragment]]
-        if whole.get(int(fragment), False) and len(np.unique(at)) == len(at):
-            parts.append(_fragment_take(ds, int(fragment), at & np.uint64(0xFFFFFFFF), columns))
-        else:
-            parts.append(ds._take_rows(pa.array(at, pa.uint64()), columns=list(columns)))
-    if not parts:
-        return pa.Table.from_batches([], schema=_project(ds.schema, columns))
-    taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-    if taken.num_rows != len(addresses):
-        raise NotFoundError(f"{len(addresses) - taken.num_rows} of the rows taken by address are gone")
-    return taken.take(pa.array(np.argsort(order)))
-
-
 @dataclass(frozen=True)
 class _KeyMap:
     """Every key of one base version, sorted, with where its row is: the fragment and the row's
@@ -354,13 +303,13 @@ class _KeyMap:
             return None
         probe = pc.drop_null(wanted).to_numpy()
         if len(self.keys) == 0 or len(probe) == 0:
-            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+            return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
         pos = np.minimum(np.searchsorted(self.keys, probe), len(self.keys) - 1)
         hits = np.unique(pos[self.keys[pos] == probe])
         if len(hits) == 0:
-            return pa.Table.from_batches([], schema=_project(ds.schema, columns))
+            return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
         parts = [
-            _fragment_take(ds, int(f), np.sort(self.offsets[hits[self.fragments[hits] == f]]), columns)
+            fragment_take(ds, int(f), np.sort(self.offsets[hits[self.fragments[hits] == f]]), columns)
             for f in np.unique(self.fragments[hits])
         ]
         taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -406,7 +355,3 @@ def _first_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     if n <= 1:
         return table
     return last_per_key(table, primary_key, order=np.arange(n, 0, -1))
-
-
-def _project(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
-    return pa.schema([schema.field(c) for c in columns])

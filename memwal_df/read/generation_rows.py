@@ -13,7 +13,7 @@ Guarantees:
 * A lookup never waits for a copy: the first lookup that reads a generation starts loading it on one
   background thread per process (`load` is the same, synchronous), and lookups read through Lance
   until the copy is ready.
-* Copies live in `snapshot.GENERATIONS` under the generation's URI, declared at their Arrow size: they
+* Copies live in `cache.GENERATIONS` under the generation's URI, declared at their Arrow size: they
   count against its byte bound (least recently used dropped first) and go with the generation's other
   entries when a read finds it garbage-collected.
 """
@@ -29,8 +29,9 @@ import pyarrow as pa
 
 from memwal_df.errors import NotFoundError
 from memwal_df.pools import shared_pool
+from memwal_df.read.cache import GENERATIONS
 from memwal_df.read.keys import encode_keys
-from memwal_df.read.snapshot import GENERATIONS, Level
+from memwal_df.read.levels import GenerationLevel
 
 __all__ = ["MAX_SHARE", "cached_rows", "load", "take", "wait_for_loads"]
 
@@ -49,7 +50,7 @@ def _limit() -> int:
 
 
 def cached_rows(
-    level: Level, ds: lance.LanceDataset, values: pa.Array, ids: np.ndarray, primary_key: list[str]
+    level: GenerationLevel, ds: lance.LanceDataset, values: pa.Array, ids: np.ndarray, primary_key: list[str]
 ) -> pa.Table | None:
     """The generation's rows in memory (every column, in fragment-0 order), or None: not copied (yet).
     `values` / `ids` are its `_pk_index` (sorted keys, fragment-0 offsets). Without a copy and none
@@ -72,7 +73,7 @@ def _finished(uri: str) -> None:
 
 
 def load(
-    level: Level, ds: lance.LanceDataset, values: pa.Array, ids: np.ndarray, primary_key: list[str]
+    level: GenerationLevel, ds: lance.LanceDataset, values: pa.Array, ids: np.ndarray, primary_key: list[str]
 ) -> None:
     """Copy the generation's rows into `GENERATIONS` if it qualifies (see the module docstring). After
     a store error (OSError) a later lookup tries again; a generation that is gone or cannot be one
