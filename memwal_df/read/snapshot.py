@@ -50,7 +50,7 @@ from memwal_df.read.keys import distinct_keys
 from memwal_df.read.predicate import referenced_columns, split_for_lance
 
 if TYPE_CHECKING:
-    from memwal_df.table import Table
+    from memwal_df.format.table_handle import TableHandle
     from memwal_df.write.memtable import MemTableSnapshot
     from memwal_df.write.region_writer import RegionWriter
     from memwal_df.write.table_writer import TableWriter
@@ -349,7 +349,7 @@ def may_hold(spec: RegionSpec, targets: Container[tuple[Any, ...]], spec_id: int
 
 
 def take_snapshot(
-    table: Table,
+    table: TableHandle,
     consistency: Consistency = "latest",
     writer: TableWriter | RegionWriter | None = None,
     *,
@@ -360,7 +360,7 @@ def take_snapshot(
 
     With `keys` (a table of the primary-key columns), a point-lookup snapshot: regions the region
     spec routes none of the keys to are left out, without reading their manifests (a region's spec
-    and values never change, so `Table.known_region` remembers them; regions not seen before are read
+    and values never change, so `TableHandle.known_region` remembers them; regions not seen before are read
     once to learn them). The same consistency holds for the regions kept."""
     check_consistency(consistency)
     if keys is not None:
@@ -377,7 +377,9 @@ def take_snapshot(
     return snapshot
 
 
-def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Table | None) -> ReadSnapshot:
+def _take(
+    table: TableHandle, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
+) -> ReadSnapshot:
     table.sync()
     base = table.dataset
     merged = memwal_index.merged_generations(table.details)
@@ -423,7 +425,7 @@ def _take(table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Tabl
     return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys, unreadable)
 
 
-def _unreadable(table: Table, region_id: uuid.UUID, error: CorruptManifestError) -> UnreadableRegion:
+def _unreadable(table: TableHandle, region_id: uuid.UUID, error: CorruptManifestError) -> UnreadableRegion:
     """The region whose latest manifest raised `error`, with its spec id and values as the table
     remembers them or as its oldest readable manifest version records them (-1, None: unknown)."""
     known = table.known_region(region_id)
@@ -440,7 +442,7 @@ def _unreadable(table: Table, region_id: uuid.UUID, error: CorruptManifestError)
     return UnreadableRegion(region_id, -1, None, error)
 
 
-_LATEST_MANIFESTS: PerObjectCache[Table, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
+_LATEST_MANIFESTS: PerObjectCache[TableHandle, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
 
 
 def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
@@ -459,7 +461,7 @@ def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None)
     return store.latest()
 
 
-def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
+def _region_selector(table: TableHandle, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
     """For a point-lookup snapshot (`keys` conformed to the key schema), a test of (spec id, region
     values) for the regions to read; None when every region is read (no keys, or keys the region
     spec cannot route)."""
@@ -475,7 +477,7 @@ def _region_selector(table: Table, keys: pa.Table | None) -> Callable[[int, Any]
 
 
 def _take_indexed(
-    table: Table, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
+    table: TableHandle, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
 ) -> ReadSnapshot:
     """`snapshot` mode: region states from the pinned version's MemWAL index snapshot (no manifest
     read; a region the writer writes uses the writer's manifest when it is newer). Without a
@@ -508,7 +510,7 @@ def check_consistency(mode: str) -> Consistency:
     return mode  # type: ignore[return-value]
 
 
-def _region_values(table: Table, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+def _region_values(table: TableHandle, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
     """The region's values (decoded once per table: a region's spec and values never change)."""
     known = table.known_region(region_id)
     if known is not None and known[0] == m.shard_spec_id:
@@ -517,7 +519,7 @@ def _region_values(table: Table, region_id: uuid.UUID, m: pb.ShardManifest) -> t
 
 
 def _region_levels(
-    table: Table,
+    table: TableHandle,
     region_id: uuid.UUID,
     m: pb.ShardManifest,
     values: tuple[Any, ...] | None,
@@ -600,7 +602,7 @@ def pin(snapshot: ReadSnapshot) -> PinnedSnapshot:
     )
 
 
-def restore(table: Table, pinned: PinnedSnapshot) -> ReadSnapshot:
+def restore(table: TableHandle, pinned: PinnedSnapshot) -> ReadSnapshot:
     """The `ReadSnapshot` that `pin` described, opened through `table` (same table, any process)."""
     table.sync()
     if table.dataset.version == pinned.base_version:
