@@ -26,7 +26,7 @@ from memwal_df.format.maintained_indexes import (
     _global_buffer,
     _ivf_centroids,
     _tensor,
-    maintained_indexes,
+    resolve_maintained_indexes,
 )
 from memwal_df.format.memwal_index import read_index_section
 from memwal_df.format.storage import open_storage
@@ -92,7 +92,7 @@ def test_maintained_indexes_resolve_every_base_index(tmp_path: Path) -> None:
     details = t.details
     details.maintain_all_indexes = False
     details.maintained_indexes[:] = ["text_idx"]
-    assert [i.name for i in maintained_indexes(details, t.dataset, t.storage)] == ["text_idx"]
+    assert [i.name for i in resolve_maintained_indexes(details, t.dataset, t.storage)] == ["text_idx"]
     lsm.close()
 
 

@@ -1,6 +1,6 @@
 """Maintained indexes: the base indexes a writer keeps for its MemTables and writes into generations.
 
-`maintained_indexes(details, base, storage)` resolves the MemWAL index's `maintained_indexes` (every
+`resolve_maintained_indexes(details, base, storage)` resolves the MemWAL index's `maintained_indexes` (every
 base index when `maintain_all_indexes`, as Lance's default) against the base's `describe_indices()`
 at writer open. Each resolved `MaintainedIndex` carries what a level needs to index alike:
 
@@ -13,18 +13,14 @@ at writer open. Each resolved `MaintainedIndex` carries what a level needs to in
 
 Other index types (HNSW, SQ, RabitQ vector indexes, NGram, ZoneMap, ...) are not maintained: Lance 14
 gives no way to reuse their trained parameters, and an index trained on a generation alone would
-rank differently from the base's.
-
-`write_generation_indexes(uri, indexes)` builds each maintained index on a freshly written generation
-dataset with Lance's own `create_index` / `create_scalar_index` (same name, centroids, codebook,
-metric, tokenizer), so Lance (and its `LsmVectorSearchPlanner`) opens them as ordinary indexes.
+rank differently from the base's. A writer builds them on each flushed generation
+(`memwal_df.write.generation_indexes`).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,10 +30,9 @@ import numpy as np
 from memwal_df.format.memwal_index import read_index_section
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import Storage
-from memwal_df.format.wal import TOMBSTONE
 from memwal_df.format.wire import read_varint
 
-__all__ = ["MaintainedIndex", "maintained_indexes", "write_generation_indexes"]
+__all__ = ["MaintainedIndex", "resolve_maintained_indexes"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +73,7 @@ class MaintainedIndex:
     params: dict[str, Any] = field(default_factory=dict)  # inverted: tokenizer settings
 
 
-def maintained_indexes(
+def resolve_maintained_indexes(
     details: pb.MemWalIndexDetails, base: lance.LanceDataset, storage: Storage
 ) -> tuple[MaintainedIndex, ...]:
     """The maintained indexes of the table, resolved against the base version `base`."""
@@ -123,43 +118,6 @@ def _resolve(d: Any, storage: Storage, index_uuid: str | None) -> MaintainedInde
     if kind in _SCALAR_TYPES:
         return MaintainedIndex(d.name, column, "scalar", _SCALAR_TYPES[kind])
     return None
-
-
-def write_generation_indexes(
-    uri: str, indexes: Sequence[MaintainedIndex], storage_options: dict[str, str] | None
-) -> None:
-    """Build every maintained index on the generation dataset at `uri` (one new version each). A
-    vector index is skipped when the generation has no live vector (Lance cannot build it on none);
-    readers search such a generation without an index."""
-    if not indexes:
-        return
-    ds = lance.dataset(uri, storage_options=storage_options)
-    for index in indexes:
-        if index.kind == "vector":
-            assert index.centroids is not None
-            live = ds.count_rows(filter=f"NOT {TOMBSTONE} AND {_quoted(index.column)} IS NOT NULL")
-            if live == 0:
-                continue
-            extra: dict[str, Any] = {}
-            if index.codebook is not None:
-                extra = {"pq_codebook": index.codebook, "num_sub_vectors": index.codebook.shape[0]}
-            ds = ds.create_index(
-                index.column,
-                index.index_type,
-                name=index.name,
-                metric=index.metric or "l2",
-                num_partitions=len(index.centroids),
-                ivf_centroids=index.centroids,
-                storage_options=storage_options,
-                **extra,
-            )
-        else:
-            params = index.params if index.kind == "inverted" else {}
-            ds.create_scalar_index(index.column, index.index_type, name=index.name, **params)
-
-
-def _quoted(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -42,11 +42,11 @@ from memwal_df.format.manifest import RegionManifestStore, next_version
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
-from memwal_df.jobs.index_catchup import maintained_indexes
+from memwal_df.jobs.index_catchup import maintained_index_names
 from memwal_df.jobs.repair import each_region
 
 if TYPE_CHECKING:
-    from memwal_df.table import Table
+    from memwal_df.format.table_handle import TableHandle
 
 DEFAULT_GRACE = timedelta(hours=1)
 DEFAULT_KEEP_MANIFEST_VERSIONS = 10
@@ -86,7 +86,7 @@ class GcResult:
 
 
 def gc(
-    table: Table,
+    table: TableHandle,
     *,
     grace: timedelta = DEFAULT_GRACE,
     keep_manifest_versions: int = DEFAULT_KEEP_MANIFEST_VERSIONS,
@@ -108,7 +108,9 @@ def gc(
     return result
 
 
-def removable_generations(table: Table, regions: list[uuid.UUID], grace: timedelta) -> dict[uuid.UUID, int]:
+def removable_generations(
+    table: TableHandle, regions: list[uuid.UUID], grace: timedelta
+) -> dict[uuid.UUID, int]:
     """Region -> highest generation GC may remove (0: none): the rules 1 of the module docstring."""
     nothing = dict.fromkeys(regions, 0)
     try:
@@ -130,15 +132,17 @@ def removable_generations(table: Table, regions: list[uuid.UUID], grace: timedel
         merged_per_version.append(memwal_index.merged_generations(found[0]))
     floors = {r: min(m.get(r, 0) for m in merged_per_version) for r in regions}
     catchup = memwal_index.index_catchup(found[0])
-    for name in _maintained_indexes(table, found[0], versions[-1]["version"]):
+    for name in _existing_maintained_indexes(table, found[0], versions[-1]["version"]):
         floors = {r: min(g, catchup.get(name, {}).get(r, 0)) for r, g in floors.items()}
     return floors
 
 
-def _maintained_indexes(table: Table, details: pb.MemWalIndexDetails, version: int) -> set[str]:
+def _existing_maintained_indexes(
+    table: TableHandle, details: pb.MemWalIndexDetails, version: int
+) -> set[str]:
     """Names of the maintained indexes that exist on the base table at `version`."""
     _, entries = memwal_index.read_index_section(table.storage, version)
-    return maintained_indexes(details, {e.name for e in entries})
+    return maintained_index_names(details, {e.name for e in entries})
 
 
 def _region(storage: Storage, region_id: uuid.UUID, floor: int, keep: int) -> RegionGc:

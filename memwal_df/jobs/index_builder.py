@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import uuid
     from collections.abc import Iterable
 
-    from memwal_df.table import Table
+    from memwal_df.format.table_handle import TableHandle
 
 _PARALLEL_REGION_READS = 16
 
@@ -57,7 +57,7 @@ class BuildResult:
     last_seen_advanced: int  # regions whose wal_entry_position_last_seen this build advanced
 
 
-def build_index(table: Table, inline_threshold: int = region_snapshot.INLINE_THRESHOLD) -> BuildResult:
+def build_index(table: TableHandle, inline_threshold: int = region_snapshot.INLINE_THRESHOLD) -> BuildResult:
     """Snapshot every region's state into the MemWAL index; see the module docstring."""
     table.refresh()
     read_version = table.dataset.version
@@ -100,7 +100,7 @@ def build_index(table: Table, inline_threshold: int = region_snapshot.INLINE_THR
     return result
 
 
-def _previous_states(table: Table, regions: Iterable[uuid.UUID]) -> list[pb.ShardManifest]:
+def _previous_states(table: TableHandle, regions: Iterable[uuid.UUID]) -> list[pb.ShardManifest]:
     """The states the current snapshot holds for `regions` (whose manifests cannot be read now):
     kept as they were, so a snapshot reader sees those regions no less than before."""
     wanted = set(regions)

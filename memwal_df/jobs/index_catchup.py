@@ -36,7 +36,7 @@ from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.jobs import merger
 
 if TYPE_CHECKING:
-    from memwal_df.table import Table
+    from memwal_df.format.table_handle import TableHandle
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class CatchUpResult:
         return {i.name: i.caught_up for i in self.indexes}
 
 
-def maintained_indexes(details: pb.MemWalIndexDetails, present: set[str]) -> set[str]:
+def maintained_index_names(details: pb.MemWalIndexDetails, present: set[str]) -> set[str]:
     """The names among `present` (index names on the base table) the MemWAL index maintains."""
     present = present - {memwal_index.MEMWAL_INDEX_NAME}
     return present if details.maintain_all_indexes else present & set(details.maintained_indexes)
@@ -76,13 +76,13 @@ def coverage(ds: lance.LanceDataset) -> dict[str, set[int]]:
     return {d.name: {f for s in d.segments for f in (s.fragment_ids or ())} for d in ds.describe_indices()}
 
 
-def catch_up_indexes(table: Table, rebuild: bool = True) -> CatchUpResult:
+def catch_up_indexes(table: TableHandle, rebuild: bool = True) -> CatchUpResult:
     """Rebuild lagging maintained indexes (`rebuild`) and record their catch-up; see the module
     docstring. Raises `CommitConflictError` when a commit loses a race (run it again)."""
     options = table.storage_options or None
     ds = lance.dataset(table.uri, storage_options=options)
     found = memwal_index.read_details(table.uri, options, ds.version)
-    names = maintained_indexes(found[0], set(coverage(ds))) if found else set()
+    names = maintained_index_names(found[0], set(coverage(ds))) if found else set()
     rebuilt = set()
     if rebuild:
         frags = _fragment_ids(ds)
@@ -96,7 +96,7 @@ def catch_up_indexes(table: Table, rebuild: bool = True) -> CatchUpResult:
     return result
 
 
-def _record(table: Table, ds: lance.LanceDataset, names: set[str], rebuilt: set[str]) -> CatchUpResult:
+def _record(table: TableHandle, ds: lance.LanceDataset, names: set[str], rebuilt: set[str]) -> CatchUpResult:
     """Raise the recorded catch-up of `names` to what `ds` (the latest version) verifies."""
     version = ds.version
     found = memwal_index.read_details(table.uri, table.storage_options or None, version)

@@ -30,10 +30,10 @@ import lance
 from lance.dataset import CleanupStats
 
 from memwal_df.errors import CommitConflictError, CorruptRegionsError, InvalidConfigError
-from memwal_df.jobs import garbage as _gc
+from memwal_df.jobs import garbage, index_builder, index_catchup, merger
 
 if TYPE_CHECKING:
-    from memwal_df.table import Table
+    from memwal_df.format.table_handle import TableHandle
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,12 @@ class Round:
 
 
 def maintain(
-    table: Table,
+    table: TableHandle,
     *,
     interval: float = 60.0,
     stop: threading.Event | None = None,
     max_rounds: int | None = None,
-    grace: timedelta = _gc.DEFAULT_GRACE,
+    grace: timedelta = garbage.DEFAULT_GRACE,
     version_retention: timedelta | None = DEFAULT_VERSION_RETENTION,
     keep_versions: int | None = None,
     history: int = 100,
@@ -74,13 +74,13 @@ def maintain(
         raise InvalidConfigError(f"keep_versions must be >= 1, got {keep_versions}")
     stop = stop or threading.Event()
     jobs: dict[str, Callable[[], Any]] = {
-        "merge": table.merge,
-        "build_index": table.build_index,
-        "catch_up_indexes": table.catch_up_indexes,
+        "merge": lambda: merger.merge(table),
+        "build_index": lambda: index_builder.build_index(table),
+        "catch_up_indexes": lambda: index_catchup.catch_up_indexes(table),
     }
     if version_retention is not None:
         jobs["cleanup_versions"] = lambda: cleanup_versions(table, version_retention, keep_versions)
-    jobs["gc"] = lambda: table.gc(grace=grace)
+    jobs["gc"] = lambda: garbage.gc(table, grace=grace)
     rounds: deque[Round] = deque(maxlen=history)
     number = 0
     while not stop.is_set():
@@ -92,7 +92,7 @@ def maintain(
     return list(rounds)
 
 
-def cleanup_versions(table: Table, older_than: timedelta, keep: int | None = None) -> CleanupStats:
+def cleanup_versions(table: TableHandle, older_than: timedelta, keep: int | None = None) -> CleanupStats:
     """Remove base versions older than `older_than` but the newest `keep` (never the latest, never a
     tagged one) and the files only they reference; files no version references are kept until
     Lance's own 7-day cut-off, as they may belong to a commit in flight."""

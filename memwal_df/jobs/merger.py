@@ -57,7 +57,7 @@ from memwal_df.jobs.repair import each_region
 from memwal_df.read.cache import described_indices
 
 if TYPE_CHECKING:
-    from memwal_df.table import Table
+    from memwal_df.format.table_handle import TableHandle
 
 TOMBSTONE = "_tombstone"
 MAX_ATTEMPTS = 50  # tries per generation when its commits keep losing races (each loss: another commit)
@@ -106,7 +106,7 @@ def merge_progress(storage: Storage, version: int | None = None) -> dict[uuid.UU
 
 
 def merge(
-    table: Table,
+    table: TableHandle,
     regions: Iterable[uuid.UUID | str] | None = None,
     max_generations: int | None = None,
     parallel: bool = False,
@@ -143,7 +143,7 @@ def _backoff(attempt: int) -> None:
 
 
 class _Merger:
-    def __init__(self, table: Table, max_generations: int | None) -> None:
+    def __init__(self, table: TableHandle, max_generations: int | None) -> None:
         self.storage = table.storage
         self.uri = table.uri
         self.options = table.storage_options or None

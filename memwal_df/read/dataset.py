@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
+from memwal_df.format.table_handle import TableHandle
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.filter import FilterExec
 from memwal_df.read.exec.union import UnionExec
@@ -29,7 +30,6 @@ from memwal_df.read.lookup_planner import plan_point_lookup
 from memwal_df.read.predicate import check_filter, column_predicates, key_lookups, referenced_columns
 from memwal_df.read.scan_planner import Partition, plan_scan
 from memwal_df.read.snapshot import check_consistency, take_snapshot
-from memwal_df.table import Table, open_table
 
 if TYPE_CHECKING:
     from memwal_df.write.region_writer import RegionWriter
@@ -155,13 +155,13 @@ class MemWalTable(pds.Dataset):
 
     def __init__(
         self,
-        uri: str | Table,
+        uri: str | TableHandle,
         storage_options: dict[str, str] | None = None,
         consistency: str = "latest",
         writer: TableWriter | RegionWriter | None = None,
     ) -> None:
         # pds.Dataset.__init__ is not called: this object has no C++ dataset behind it.
-        self.table = uri if isinstance(uri, Table) else open_table(uri, storage_options)
+        self.table = uri if isinstance(uri, TableHandle) else TableHandle(uri, storage_options)
         self.consistency = check_consistency(consistency)
         self.writer = writer
         self._schema = self.table.schema.schema

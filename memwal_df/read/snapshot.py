@@ -28,7 +28,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import lance
 import pyarrow as pa
@@ -46,6 +46,7 @@ from memwal_df.read.keys import distinct_keys
 from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
 
 if TYPE_CHECKING:
+    from memwal_df.format.table_handle import TableHandle
     from memwal_df.write.memtable import MemTableSnapshot
     from memwal_df.write.region_writer import RegionWriter
     from memwal_df.write.table_writer import TableWriter
@@ -54,32 +55,6 @@ Consistency = Literal["latest", "snapshot"]
 CONSISTENCY_MODES: tuple[Consistency, ...] = ("latest", "snapshot")
 _PARALLEL_MANIFEST_READS = 16
 _MAX_PLANNING_ATTEMPTS = 5
-
-
-class OpenTable(Protocol):
-    """What a snapshot reads from an open table (`memwal_df.table.Table`): its pinned base version and
-    MemWAL index details, its storage, schema and region specs, and the regions it has seen."""
-
-    uri: str
-    storage: Storage
-    storage_options: dict[str, str]
-    dataset: lance.LanceDataset
-    details: pb.MemWalIndexDetails
-    schema: TableSchema
-    spec: RegionSpec | None
-
-    @property
-    def specs(self) -> dict[int, RegionSpec]: ...
-
-    def sync(self) -> None: ...
-
-    def is_latest(self, version: int) -> bool: ...
-
-    def region_ids(self) -> list[uuid.UUID]: ...
-
-    def region_values(self, m: pb.ShardManifest) -> tuple[Any, ...] | None: ...
-
-    def known_region(self, region_id: uuid.UUID) -> tuple[int, tuple[Any, ...] | None] | None: ...
 
 
 @dataclass
@@ -155,7 +130,7 @@ def may_hold(spec: RegionSpec, targets: Container[tuple[Any, ...]], spec_id: int
 
 
 def take_snapshot(
-    table: OpenTable,
+    table: TableHandle,
     consistency: Consistency = "latest",
     writer: TableWriter | RegionWriter | None = None,
     *,
@@ -166,7 +141,7 @@ def take_snapshot(
 
     With `keys` (a table of the primary-key columns), a point-lookup snapshot: regions the region
     spec routes none of the keys to are left out, without reading their manifests (a region's spec
-    and values never change, so `Table.known_region` remembers them; regions not seen before are read
+    and values never change, so `TableHandle.known_region` remembers them; regions not seen before are read
     once to learn them). The same consistency holds for the regions kept."""
     check_consistency(consistency)
     if keys is not None:
@@ -183,7 +158,9 @@ def take_snapshot(
     return snapshot
 
 
-def _take(table: OpenTable, writer: TableWriter | RegionWriter | None, keys: pa.Table | None) -> ReadSnapshot:
+def _take(
+    table: TableHandle, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
+) -> ReadSnapshot:
     table.sync()
     base = table.dataset
     merged = memwal_index.merged_generations(table.details)
@@ -229,7 +206,7 @@ def _take(table: OpenTable, writer: TableWriter | RegionWriter | None, keys: pa.
     return ReadSnapshot(table.schema, base, table.details, regions, "latest", table.storage, keys, unreadable)
 
 
-def _unreadable(table: OpenTable, region_id: uuid.UUID, error: CorruptManifestError) -> UnreadableRegion:
+def _unreadable(table: TableHandle, region_id: uuid.UUID, error: CorruptManifestError) -> UnreadableRegion:
     """The region whose latest manifest raised `error`, with its spec id and values as the table
     remembers them or as its oldest readable manifest version records them (-1, None: unknown)."""
     known = table.known_region(region_id)
@@ -246,7 +223,7 @@ def _unreadable(table: OpenTable, region_id: uuid.UUID, error: CorruptManifestEr
     return UnreadableRegion(region_id, -1, None, error)
 
 
-_LATEST_MANIFESTS: PerObjectCache[OpenTable, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
+_LATEST_MANIFESTS: PerObjectCache[TableHandle, dict[uuid.UUID, pb.ShardManifest]] = PerObjectCache()
 
 
 def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None) -> pb.ShardManifest | None:
@@ -265,7 +242,7 @@ def _latest_manifest(store: RegionManifestStore, known: pb.ShardManifest | None)
     return store.latest()
 
 
-def _region_selector(table: OpenTable, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
+def _region_selector(table: TableHandle, keys: pa.Table | None) -> Callable[[int, Any], bool] | None:
     """For a point-lookup snapshot (`keys` conformed to the key schema), a test of (spec id, region
     values) for the regions to read; None when every region is read (no keys, or keys the region
     spec cannot route)."""
@@ -281,7 +258,7 @@ def _region_selector(table: OpenTable, keys: pa.Table | None) -> Callable[[int, 
 
 
 def _take_indexed(
-    table: OpenTable, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
+    table: TableHandle, writer: TableWriter | RegionWriter | None, keys: pa.Table | None
 ) -> ReadSnapshot:
     """`snapshot` mode: region states from the pinned version's MemWAL index snapshot (no manifest
     read; a region the writer writes uses the writer's manifest when it is newer). Without a
@@ -314,7 +291,7 @@ def check_consistency(mode: str) -> Consistency:
     return mode  # type: ignore[return-value]
 
 
-def _region_values(table: OpenTable, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
+def _region_values(table: TableHandle, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:
     """The region's values (decoded once per table: a region's spec and values never change)."""
     known = table.known_region(region_id)
     if known is not None and known[0] == m.shard_spec_id:
@@ -323,7 +300,7 @@ def _region_values(table: OpenTable, region_id: uuid.UUID, m: pb.ShardManifest) 
 
 
 def _region_levels(
-    table: OpenTable,
+    table: TableHandle,
     region_id: uuid.UUID,
     m: pb.ShardManifest,
     values: tuple[Any, ...] | None,
@@ -401,7 +378,7 @@ def pin(snapshot: ReadSnapshot) -> PinnedSnapshot:
     )
 
 
-def restore(table: OpenTable, pinned: PinnedSnapshot) -> ReadSnapshot:
+def restore(table: TableHandle, pinned: PinnedSnapshot) -> ReadSnapshot:
     """The `ReadSnapshot` that `pin` described, opened through `table` (same table, any process)."""
     table.sync()
     if table.dataset.version == pinned.base_version:

@@ -3,7 +3,7 @@
 The table has the base schema plus `_tombstone: bool not null`, one fragment, the base table's data
 storage version and V2 manifest naming. Beside it: `bloom_filter.bin` (every key of the MemTable) and
 `_pk_index/` (the primary-key sidecar Lance's readers use); in `_indices/`, the maintained indexes
-(`memwal_df.format.maintained_indexes`: built by Lance on the generation with the base index's
+(`memwal_df.write.generation_indexes`: built by Lance on the generation with the base index's
 centroids, codebook
 and tokenizer, one dataset version each, as Lance's own flush builds every maintained index inside the
 generation). memwal_df writes only the newest row of
@@ -38,13 +38,14 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import layout
-from memwal_df.format.maintained_indexes import MaintainedIndex, write_generation_indexes
+from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.pk_index import write_pk_index
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import FIELD_ID_KEY, TOMBSTONE
 from memwal_df.format.wire import encode_varint, read_varint
 from memwal_df.pools import shared_pool
+from memwal_df.write.generation_indexes import write_generation_indexes
 from memwal_df.write.memtable import MemTable
 
 # Lance writes generations with usize::MAX rows per file: one fragment whatever the size. From Python

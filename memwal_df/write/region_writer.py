@@ -235,7 +235,7 @@ class RegionWriter:
             self._write(batch)
             self._stats["puts"] += 1
 
-    def _put_routed(self, rows: pa.Table, deleted: bool) -> None:
+    def write_routed(self, rows: pa.Table, deleted: bool) -> None:
         """Write rows that the table writer already validated and routed to this region.
 
         `rows` are conformed to the table schema (for deletes: full tombstone rows)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +34,9 @@ from memwal_df.errors import (
 )
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import key_rows, tombstone_rows, upsert_chunks
+from memwal_df.format.table_handle import TableHandle
+from memwal_df.write.region_open import open_routed_writer
 from memwal_df.write.region_writer import RegionWriter, WriterConfig
-
-if TYPE_CHECKING:
-    from memwal_df.table import Table
 
 _MAX_PARALLEL_REGIONS = 8
 
@@ -47,7 +46,7 @@ class TableWriter:
     writes of one region share WAL entries (group commit, `RegionWriter`)."""
 
     def __init__(
-        self, table: Table, config: WriterConfig, *, allow_non_key_region_columns: bool = False
+        self, table: TableHandle, config: WriterConfig, *, allow_non_key_region_columns: bool = False
     ) -> None:
         if table.spec is None:
             raise RegionRoutingError(
@@ -104,7 +103,7 @@ class TableWriter:
         writes only buffer, which is faster in this thread than handed to others."""
         writers, unavailable = self._open([values for values, _ in parts])
         calls = [
-            (w._put_routed, (rows, deleted))
+            (w.write_routed, (rows, deleted))
             for w, (_, rows) in zip(writers, parts, strict=True)
             if w is not None
         ]
@@ -197,8 +196,8 @@ class TableWriter:
                 self._check_open()  # (close() may have run since put() checked)
                 w = self._by_values.get(values)
                 if w is None:
-                    w = self.table.routed_writer(
-                        values, self.config, allow_non_key_region_columns=self._allow_non_key
+                    w = open_routed_writer(
+                        self.table, values, self.config, allow_non_key_region_columns=self._allow_non_key
                     )
                     self.writers[w.region_id] = self._by_values[values] = w
         return w
@@ -251,5 +250,5 @@ def value_codes(values: list[pa.Array], num_rows: int) -> np.ndarray:
 
 
 def region_of_row(values: list[pa.Array], row: int) -> tuple[Any, ...]:
-    """The region values of one row, as `Table.routed_writer` takes them."""
+    """The region values of one row, as `open_routed_writer` takes them."""
     return tuple(v[row].as_py() for v in values)
