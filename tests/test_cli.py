@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import stored_rows
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.cli import Exit, main

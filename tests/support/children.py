@@ -1,4 +1,4 @@
-"""Parent side of `tests/job_child.py`: start a child, read a writer child's acknowledgement log, and
+"""Parent side of `tests/support/job_child.py`: start a child, read a writer child's acknowledgement log, and
 the peak memory of a child."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from hypothesis import strategies as st
-from merge_helper import merge_all
-from reference import stored_rows
+from support.jobs import merge_all
+from support.reference import stored_rows
 
 import memwal_df as mw
 
