@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from memwal_df.cli import _common as c
+from memwal_df.cli import common as c
 from memwal_df.errors import CorruptRegionsError, InvalidArgumentError
 from memwal_df.format.layout import parse_region_id
 from memwal_df.jobs import garbage as _gc

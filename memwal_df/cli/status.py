@@ -6,7 +6,7 @@ import argparse
 import datetime
 from typing import Any
 
-from memwal_df.cli import _common as c
+from memwal_df.cli import common as c
 from memwal_df.format import memwal_index
 from memwal_df.table import RegionStatus, Table
 
