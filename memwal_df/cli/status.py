@@ -127,7 +127,8 @@ def _gens(gens: list[int]) -> str:
     """Generation numbers, runs shortened: 1-4,7."""
     if not gens:
         return "-"
-    parts, start = [], gens[0]
+    parts: list[str] = []
+    start: int | None = gens[0]  # None past the last run
     for prev, g in zip(gens, [*gens[1:], None], strict=True):
         if g is None or g != prev + 1:
             parts.append(str(start) if start == prev else f"{start}-{prev}")
