@@ -44,8 +44,10 @@ bench-spark: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
+# Ruff, then mypy over memwal_df ([tool.mypy] in pyproject.toml: strict for the public API modules).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache

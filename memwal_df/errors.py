@@ -12,6 +12,7 @@ import inspect
 import re
 import sys
 import uuid
+from collections.abc import Mapping
 
 
 class MemWalError(Exception):
@@ -132,7 +133,7 @@ class CorruptRegionsError(MemWalError):
     recovered region ids for `recover`, a `MergeResult` / `GcResult` for the others).
     """
 
-    def __init__(self, job: str, errors: dict[uuid.UUID, MemWalError], result: object) -> None:
+    def __init__(self, job: str, errors: Mapping[uuid.UUID, MemWalError], result: object) -> None:
         lines = "".join(f"\n  region {r}: {e}" for r, e in sorted(errors.items()))
         super().__init__(
             f"{job}: {len(errors)} region(s) could not be read and were skipped (the others were "

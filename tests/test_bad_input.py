@@ -29,12 +29,12 @@ import datafusion
 import lance
 import pyarrow as pa
 import pytest
-from cases import backend, cases
-from figures import case_name, record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import stored_rows
-from wal_oracle import apply_rows
+from support.cases import backend, cases
+from support.figures import case_name, record
+from support.reference import stored_rows
+from support.wal_oracle import apply_rows
 
 import memwal_df as mw
 from memwal_df import errors

@@ -1,7 +1,7 @@
 """Index catch-up aware scan plans (`memwal_df.read.catchup`): exact results, the expected plan, and the
 fall-backs.
 
-Histories are built with the real writer and the test merger (`merge_helper`), with base scalar
+Histories are built with the real writer and the test merger (`support.jobs`), with base scalar
 indexes created through Lance, which records `index_catchup` itself when it commits an index (a copy
 of the merge progress; `optimize_indices` catches an index up). Every query is compared with the
 dict model and the ROW_NUMBER oracle of `test_dataset` (or, where the history has writes outside the
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from merge_helper import flushed_generations, gc_merged, merge_all, merge_region
+from support.jobs import flushed_generations, gc_merged, merge_all, merge_region
 from test_dataset import (
     INT,
     INT_TRUNCATE,

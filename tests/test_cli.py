@@ -25,10 +25,11 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import stored_rows
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.cli import Exit, main
+from memwal_df.cli import bench as cli_bench
 from memwal_df.cli.inputs import Progress, rebatch
 from memwal_df.cli.parse import parse_region_spec, parse_schema
 from memwal_df.errors import InvalidArgumentError
@@ -316,6 +317,21 @@ def test_bench_runs_a_script_of_the_checkout(capsys):
     code, _, _ = cli(capsys, "bench", "merge", "--help")  # the script's output goes to the real stdout
     assert code == 0
     assert cli(capsys, "bench", "merge", "--no-such-option")[0] == 2  # the script's exit code
+
+
+def test_bench_finds_the_checkout_around_the_current_directory(monkeypatch):
+    monkeypatch.setattr(cli_bench, "PACKAGE_CHECKOUT", Path("/nonexistent"))
+    assert cli_bench.bench_dir(ROOT / "memwal_df" / "cli") == ROOT / "bench"
+
+
+def test_bench_without_a_source_checkout_fails_with_a_typed_error(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli_bench, "PACKAGE_CHECKOUT", tmp_path / "site-packages")  # an installed wheel
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(cli_bench.BenchNotFoundError, match="source checkout"):
+        cli_bench.bench_dir()
+    code, out, err = cli(capsys, "bench", "merge", "--help")
+    assert code == Exit.NOT_FOUND and out == ""
+    assert "memwal bench: error: BenchNotFoundError: no bench/ directory" in err
 
 
 @pytest.mark.parametrize(

@@ -28,8 +28,8 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from cases import backend, cases
-from figures import case_name, record
+from support.cases import backend, cases
+from support.figures import case_name, record
 
 import memwal_df as mw
 from memwal_df import errors

@@ -37,11 +37,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from cases import backend, cases
-from figures import case_name, record
 from obstore.exceptions import AlreadyExistsError
-from reference import stored_rows
-from wal_oracle import apply_rows, check_region, durable_rows, wal_records
+from support.cases import backend, cases
+from support.figures import case_name, record
+from support.reference import stored_rows
+from support.wal_oracle import apply_rows, check_region, durable_rows, wal_records
 
 import memwal_df as mw
 from memwal_df.errors import StorageError

@@ -1,4 +1,4 @@
-"""Crash tests of the background jobs with real processes (`tests/job_child.py`).
+"""Crash tests of the background jobs with real processes (`tests/support/job_child.py`).
 
 * A merger, a garbage collector or an index builder dies (`os._exit(9)`) at a chosen point of its own
   code: between the merger's tombstone pass and its upsert pass, right before or after the upsert
@@ -27,7 +27,10 @@ from typing import Any
 import lance
 import pyarrow as pa
 import pytest
-from _jobs import (
+from support.cases import backend, cases
+from support.children import op_rows, read_log, spawn, wait_ready
+from support.figures import case_name, record
+from support.jobs import (
     Workload,
     assert_catchup_covered,
     assert_monotonic,
@@ -38,11 +41,8 @@ from _jobs import (
     progress_history,
     rows_at,
 )
-from cases import backend, cases
-from children import op_rows, read_log, spawn, wait_ready
-from figures import case_name, record
-from reference import stored_rows
-from wal_oracle import durable_rows, freeze, reachable_states
+from support.reference import stored_rows
+from support.wal_oracle import durable_rows, freeze, reachable_states
 
 import memwal_df as mw
 

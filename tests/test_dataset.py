@@ -32,8 +32,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
-from merge_helper import flushed_generations, gc_merged, merge_all, merge_region, merged_generation
-from reference import stored_rows
+from support.jobs import flushed_generations, gc_merged, merge_all, merge_region, merged_generation
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.read import dataset as dataset_module

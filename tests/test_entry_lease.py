@@ -22,8 +22,8 @@ from typing import Any
 
 import lance
 import pytest
-from _jobs import VersionOracle, Workload, base_rows, create, rows_at
 from lance.dataset import LanceOperation, MergeInsertBuilder
+from support.jobs import VersionOracle, Workload, base_rows, create, rows_at
 
 import memwal_df as mw
 from memwal_df.errors import CommitConflictError, CorruptManifestError

@@ -2,7 +2,7 @@
 
 Every table here is real: built with memwal_df's writers (generations, unflushed MemTables) or Lance's
 own `mem_wal_writer` (generations holding duplicates hidden by a deletion vector). Results are compared
-with `tests/reference.py::stored_rows`, which reads every level row by row.
+with `tests/support/reference.py::stored_rows`, which reads every level row by row.
 
 1. Keys in MemTables, in generations, only in the base, deleted in a newer level but present in the
    base, absent; IN lists mixing them; the base read through its key map, through a btree index and
@@ -31,8 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.dataset import LanceScanner
-from lance_made import lance_made_table
-from reference import stored_rows
+from support.lance_made import lance_made_table
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import layout, pk_index

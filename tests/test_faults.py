@@ -1,7 +1,7 @@
 """Fault injection at the storage layer: an acknowledged durable write is never lost, nothing corrupt
 is read, and every error is typed.
 
-* random faults (`tests/faulty_storage.py`: refused requests, writes whose answer is lost, slow
+* random faults (`tests/support/faulty_storage.py`: refused requests, writes whose answer is lost, slow
   requests) under a writer that writes, flushes, crashes (`abort`) and reclaims; the table must end
   in a state reachable from the acknowledged writes plus any subset of the writes that raised;
 * torn objects (a store that breaks atomicity): a torn WAL entry or manifest raises
@@ -31,7 +31,11 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 import pytest
-from _jobs import (
+from conftest import _S3_KEY_ID, _S3_REGION, _S3_SECRET, _answers, _free_port, _moto_command
+from support.cases import backend, cases
+from support.faulty_storage import READS, WRITES, FaultPlan, FaultyStorage
+from support.figures import case_name, record
+from support.jobs import (
     Workload,
     assert_monotonic,
     cleanup,
@@ -41,12 +45,8 @@ from _jobs import (
     progress_history,
     rows_at,
 )
-from cases import backend, cases
-from conftest import _S3_KEY_ID, _S3_REGION, _S3_SECRET, _answers, _free_port, _moto_command
-from faulty_storage import READS, WRITES, FaultPlan, FaultyStorage
-from figures import case_name, record
-from reference import stored_rows
-from wal_oracle import apply_rows, check_region, durable_rows, freeze, reachable_states, wal_records
+from support.reference import stored_rows
+from support.wal_oracle import apply_rows, check_region, durable_rows, freeze, reachable_states, wal_records
 
 import memwal_df as mw
 from memwal_df.errors import (

@@ -1,4 +1,4 @@
-"""fts: BM25 scores equal a plain-Python BM25 over the deduplicated table (tests/reference.py oracle),
+"""fts: BM25 scores equal a plain-Python BM25 over the deduplicated table (tests/support/reference.py oracle),
 never a stale or deleted row, filters, MemTable-only tables, SQL; the tokenizer against Lance's index."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import snowballstemmer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.file import LanceFileReader
-from search_oracle import HISTORY_OPS, SearchLsm, bm25, history, make_rows
+from support.search_oracle import HISTORY_OPS, SearchLsm, bm25, history, make_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError

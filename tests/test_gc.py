@@ -13,18 +13,18 @@ from pathlib import Path
 
 import lance
 import pytest
-from _jobs import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.jobs import (
     Workload,
     assert_monotonic,
     cleanup,
     create,
     every_version_reads,
+    flushed_generations,
     progress_history,
     rows_at,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from merge_helper import flushed_generations
 
 from memwal_df.errors import InvalidConfigError
 from memwal_df.format import layout

@@ -1,6 +1,6 @@
 """Base index catch-up (`Table.catch_up_indexes`, `memwal_df.jobs.index_catchup`).
 
-The tests check the coverage oracle `_jobs.assert_catchup_covered`; one proves it can fail.
+The tests check the coverage oracle `support.jobs.assert_catchup_covered`; one proves it can fail.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import timedelta
 import lance
 import pyarrow as pa
 import pytest
-from _jobs import Workload, assert_catchup_covered, catchup_at, create, rows_at
+from support.jobs import Workload, assert_catchup_covered, catchup_at, create, rows_at
 
 import memwal_df as mw
 from memwal_df.format import memwal_index

@@ -39,7 +39,7 @@ from lance.mem_wal import (
     ShardSnapshot,
     evaluate_sharding_spec,
 )
-from reference import stored_rows
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df import errors

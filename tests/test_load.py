@@ -22,12 +22,12 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 import pytest
-from _jobs import Workload, assert_monotonic, create, every_version_reads, finish, progress_history
-from cases import backend, cases
-from children import op_rows, peak_rss_mb, read_log, spawn, wait_ready
-from figures import case_name, record
-from reference import stored_rows
-from wal_oracle import apply_rows, durable_rows
+from support.cases import backend, cases
+from support.children import op_rows, peak_rss_mb, read_log, spawn, wait_ready
+from support.figures import case_name, record
+from support.jobs import Workload, assert_monotonic, create, every_version_reads, finish, progress_history
+from support.reference import stored_rows
+from support.wal_oracle import apply_rows, durable_rows
 
 import memwal_df as mw
 from memwal_df.format import memwal_index

@@ -19,11 +19,10 @@ import datafusion
 import lance
 import pyarrow as pa
 import pytest
-from _jobs import cleanup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from merge_helper import gc_merged, merge_all
-from reference import stored_rows
+from support.jobs import cleanup, gc_merged, merge_all
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import memwal_index, pk_index

@@ -17,8 +17,8 @@ import datafusion
 import lance
 import pyarrow as pa
 import pytest
-from merge_helper import gc_merged, merge_all
-from reference import stored_rows
+from support.jobs import gc_merged, merge_all
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.errors import RegionRoutingError

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import lance
 import pytest
-from _jobs import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.jobs import (
     Workload,
     assert_catchup_covered,
     assert_monotonic,
@@ -28,12 +30,10 @@ from _jobs import (
     cleanup,
     create,
     every_version_reads,
+    flushed_generations,
     progress_history,
     rows_at,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from merge_helper import flushed_generations
 
 import memwal_df as mw
 from memwal_df.errors import CommitConflictError, InvalidConfigError

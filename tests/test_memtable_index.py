@@ -1,7 +1,7 @@
 """Maintained indexes: resolution against the base, the writer's MemTable indexes (against indexes
 built from the rows), generation `_indices/` that Lance opens (same centroids and codebook as the
 base; Lance's LsmVectorSearchPlanner searches them), and searches over indexed levels checked against
-brute force / reference BM25 (tests/search_oracle.py)."""
+brute force / reference BM25 (tests/support/search_oracle.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.mem_wal import LsmVectorSearchPlanner
-from reference import stored_rows
-from search_oracle import DIM, HISTORY_OPS, SCHEMA, SearchLsm, bm25, history, make_rows, nearest
+from support.reference import stored_rows
+from support.search_oracle import DIM, HISTORY_OPS, SCHEMA, SearchLsm, bm25, history, make_rows, nearest
 from test_interop import snapshots
 
 import memwal_df as mw

@@ -11,10 +11,18 @@ from collections import Counter
 
 import lance
 import pytest
-from _jobs import Workload, assert_monotonic, base_rows, create, progress_history, rows_at
 from lance.mem_wal import CompactedSsTable
-from merge_helper import flushed_generations, merged_generation
-from reference import stored_rows
+from support.jobs import (
+    Workload,
+    assert_monotonic,
+    base_rows,
+    create,
+    flushed_generations,
+    merged_generation,
+    progress_history,
+    rows_at,
+)
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError, MissingGenerationError

@@ -21,8 +21,8 @@ import datafusion
 import lance
 import pyarrow as pa
 import pytest
-from figures import case_name, record
-from search_oracle import make_rows
+from support.figures import case_name, record
+from support.search_oracle import make_rows
 
 import memwal_df as mw
 from memwal_df.errors import StorageError

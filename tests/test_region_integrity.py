@@ -22,10 +22,10 @@ import datafusion
 import lance
 import pyarrow as pa
 import pytest
-from figures import case_name, record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lance_made import lance_made_table
+from support.figures import case_name, record
+from support.lance_made import lance_made_table
 
 import memwal_df as mw
 from memwal_df import errors

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from search_oracle import HISTORY_OPS, SearchLsm, history, make_rows, nearest
+from support.search_oracle import HISTORY_OPS, SearchLsm, history, make_rows, nearest
 from test_vector_search import QUERIES, assert_exact, assert_fresh
 
 from memwal_df.read import levels as _levels

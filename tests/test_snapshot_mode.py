@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lance.file import LanceFileReader
-from merge_helper import gc_merged, merge_all, merge_region
-from reference import stored_rows
+from support.jobs import gc_merged, merge_all, merge_region
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lance_made import foreign_spec_table, lance_made_table
-from reference import model_rows, stored_rows
+from support.lance_made import foreign_spec_table, lance_made_table
+from support.reference import model_rows, stored_rows
 
 import memwal_df as mw
 from memwal_df.errors import (

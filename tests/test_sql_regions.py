@@ -14,7 +14,7 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 import pytest
-from lance_made import foreign_spec_table
+from support.lance_made import foreign_spec_table
 
 import memwal_df as mw
 

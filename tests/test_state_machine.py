@@ -50,8 +50,8 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from reference import model_rows, stored_rows
-from wal_oracle import apply_rows, check_region, durable_rows, region_snapshot
+from support.reference import model_rows, stored_rows
+from support.wal_oracle import apply_rows, check_region, durable_rows, region_snapshot
 
 import memwal_df as mw
 from memwal_df import errors

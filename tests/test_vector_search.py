@@ -1,4 +1,4 @@
-"""vector_search: exact against brute force over the deduplicated table (tests/reference.py oracle)
+"""vector_search: exact against brute force over the deduplicated table (tests/support/reference.py oracle)
 without a base index, recall and freshness with one, filters, MemTable-only tables, SQL, errors."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, nearest
+from support.search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, nearest
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError

@@ -9,7 +9,7 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
-from reference import stored_rows
+from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df import errors
@@ -155,7 +155,7 @@ def test_sealed_non_durable_writes_are_made_durable_by_their_generation(manual_t
     """Writes still buffered when their MemTable is sealed get no WAL entry: the generation holds them.
     A newer WAL entry waits for that generation's commit (here stalled), so that a crash can never
     keep newer writes and lose older ones."""
-    from faulty_storage import FaultPlan, FaultyStorage
+    from support.faulty_storage import FaultPlan, FaultyStorage
 
     plan = FaultPlan(delay_s=0.5)
     manual_table.storage = FaultyStorage(manual_table.storage, plan)

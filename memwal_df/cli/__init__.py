@@ -13,7 +13,7 @@ import os
 import sys
 
 from memwal_df.cli import bench, create, ingest, jobs, query, status
-from memwal_df.cli._common import Exit, exit_code
+from memwal_df.cli.common import Exit, exit_code
 
 __all__ = ["Exit", "main", "parser"]
 

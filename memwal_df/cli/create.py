@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from memwal_df.cli import _common as c
+from memwal_df.cli import common as c
 from memwal_df.cli.inputs import FORMAT_NAMES, format_of, read_all
 from memwal_df.cli.parse import parse_region_spec, parse_schema
 from memwal_df.errors import InvalidArgumentError

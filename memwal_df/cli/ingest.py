@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.cli import _common as c
+from memwal_df.cli import common as c
 from memwal_df.cli.inputs import FORMAT_NAMES, STDIN, Progress, format_of, read_batches, total_rows
 from memwal_df.errors import InvalidArgumentError, SchemaMismatchError
 from memwal_df.format.layout import parse_region_id

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -66,7 +66,8 @@ def read_batches(path: Path | str, fmt: str, batch_rows: int) -> Iterator[pa.Rec
     """The input's rows in batches of at most `batch_rows` rows (small batches combined); `-` reads
     standard input."""
     if path == STDIN:
-        yield from rebatch(_stream_batches(sys.stdin.buffer, fmt), batch_rows)
+        stdin = cast(io.BufferedReader, sys.stdin.buffer)  # typed BinaryIO; a buffered reader (it peeks)
+        yield from rebatch(_stream_batches(stdin, fmt), batch_rows)
     elif fmt == "arrows":
         with pa.OSFile(str(path)) as f:
             yield from rebatch(pa.ipc.open_stream(f), batch_rows)

@@ -9,11 +9,11 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from memwal_df.cli import _common as c
+from memwal_df.cli import common as c
 from memwal_df.errors import CorruptRegionsError, InvalidArgumentError
 from memwal_df.format.layout import parse_region_id
 from memwal_df.jobs import garbage as _gc
@@ -136,8 +136,9 @@ def _job(
     def run(args: argparse.Namespace) -> int:
         table = c.table_of(args)
         t0 = time.perf_counter()
+        failed: Mapping[Any, Exception] = {}
         try:
-            result, failed = call(table, args), {}
+            result = call(table, args)
         except CorruptRegionsError as e:
             result, failed = e.result, e.errors
         seconds = time.perf_counter() - t0
@@ -151,7 +152,7 @@ def _job(
     return run
 
 
-def _corrupt_text(uri: str, failed: dict[Any, Exception]) -> str:
+def _corrupt_text(uri: str, failed: Mapping[Any, Exception]) -> str:
     if not failed:
         return ""
     lines = [f"\nskipped {c.count(len(failed), 'corrupt region')}:"]

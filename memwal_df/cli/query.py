@@ -16,7 +16,7 @@ import datafusion
 import pyarrow as pa
 
 from memwal_df import errors
-from memwal_df.cli import _common as c
+from memwal_df.cli import common as c
 from memwal_df.errors import InvalidArgumentError
 from memwal_df.read.dataset import MemWalTable
 from memwal_df.read.sql import register as register_functions

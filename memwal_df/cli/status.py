@@ -6,7 +6,7 @@ import argparse
 import datetime
 from typing import Any
 
-from memwal_df.cli import _common as c
+from memwal_df.cli import common as c
 from memwal_df.format import memwal_index
 from memwal_df.table import RegionStatus, Table
 
@@ -127,7 +127,8 @@ def _gens(gens: list[int]) -> str:
     """Generation numbers, runs shortened: 1-4,7."""
     if not gens:
         return "-"
-    parts, start = [], gens[0]
+    parts: list[str] = []
+    start: int | None = gens[0]  # None past the last run
     for prev, g in zip(gens, [*gens[1:], None], strict=True):
         if g is None or g != prev + 1:
             parts.append(str(start) if start == prev else f"{start}-{prev}")

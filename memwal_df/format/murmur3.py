@@ -77,7 +77,7 @@ def _mix_h1(h: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 def _fmix(h: np.ndarray, length: np.ndarray | int) -> np.ndarray:
-    h = h ^ np.asarray(length, dtype=_U32)
+    h = np.bitwise_xor(h, np.asarray(length, dtype=_U32))
     h ^= h >> _U32(16)
     h *= _F1
     h ^= h >> _U32(13)
@@ -288,10 +288,10 @@ def _hash_into(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
         return _hash_int(bits, seed)
     if kind == "f64":
         f = _values(arr, "<f8")
-        bits = f.view(np.uint64).copy()
-        bits[f == 0] = 0
-        bits[np.isnan(f)] = _F64_NAN
-        return _hash_long(bits, seed)
+        bits64 = f.view(np.uint64).copy()
+        bits64[f == 0] = 0
+        bits64[np.isnan(f)] = _F64_NAN
+        return _hash_long(bits64, seed)
     # variable length
     if pa.types.is_string_view(t):
         arr = arr.cast(pa.large_string())

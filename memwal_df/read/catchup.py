@@ -43,8 +43,10 @@ cached per (base version, index segments): everything they depend on is immutabl
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import cast
 
 import lance
 import numpy as np
@@ -125,7 +127,7 @@ def index_coverage(snapshot: ReadSnapshot, columns: Iterable[str], vector: bool 
             return Coverage(None, f"{index.name} covers every base fragment")
         what = f"catch-up proof at v{snapshot.base.version} for {index.segments}"
         proof: _Proof = _FACTS.get(
-            snapshot.base.uri, what, lambda i=index, u=unindexed: _prove_or_explain(snapshot, i, u)
+            snapshot.base.uri, what, partial(_prove_or_explain, snapshot, index, unindexed)
         )
         if proof.gap is None:
             notes.append(f"{index.name} does not cover fragments {id_ranges(unindexed)} ({proof.reason})")
@@ -180,7 +182,7 @@ def _prove(snapshot: ReadSnapshot, index: _Index, unindexed: list[int]) -> _Proo
         return _Proof(None, "no generation was merged since it was built")
     for version in range(index.built_from + 1, snapshot.base.version + 1):
         problem = _FACTS.get(
-            snapshot.base.uri, f"commit v{version}", lambda v=version: _check_commit(snapshot, v)
+            snapshot.base.uri, f"commit v{version}", partial(_check_commit, snapshot, version)
         )
         if problem:
             return _Proof(None, problem)
@@ -190,7 +192,8 @@ def _prove(snapshot: ReadSnapshot, index: _Index, unindexed: list[int]) -> _Proo
     levels = _gap_levels(snapshot, gap)
     if (missing := _missing(levels, gap)) is not None:
         return _Proof(None, missing)
-    held = sum(snapshot.base.get_fragment(i).count_rows() for i in unindexed)
+    # the unindexed ids are fragments of this very dataset version: each one is there
+    held = sum(cast(lance.LanceFragment, snapshot.base.get_fragment(i)).count_rows() for i in unindexed)
     counts = [_newest_live(lvs, snapshot.schema.primary_key) for lvs in levels.values()]
     if None in counts:
         return _Proof(None, "a gap generation vanished while the plan was checked")
@@ -219,6 +222,7 @@ def _check_commit(snapshot: ReadSnapshot, version: int) -> str:
         return ""
     if kind != "Update":
         return f"v{version} is a {kind} commit"
+    op = cast(lance.LanceOperation.Update, op)
     if op.update_mode != "rewrite_rows" or op.fields_modified:
         return f"v{version} rewrites columns in place"
     if not op.new_fragments:
@@ -262,7 +266,7 @@ def _unindexed(levels: dict[uuid.UUID, list[GenerationLevel]], column: str) -> s
     deduplicated on top), or None."""
     for region_levels in levels.values():
         for level in region_levels:
-            if column not in level.cached("scalar index columns", lambda lv=level: _indexed_columns(lv)):
+            if column not in level.cached("scalar index columns", partial(_indexed_columns, level)):
                 return f"{level.name} has no index on {column}: the fragments are cheaper to scan"
     return None
 
@@ -278,7 +282,7 @@ def _indexed_columns(level: GenerationLevel) -> frozenset[str]:
     )
 
 
-def _newest_live(levels: list[GenerationLevel], primary_key: list[str]) -> int | None:
+def _newest_live(levels: list[GenerationLevel], primary_key: Sequence[str]) -> int | None:
     """How many keys have a live newest version among `levels` (newest first); None if one is gone.
     Records each level's key set on the level, for the scan that follows."""
     seen: KeySet | None = None

@@ -136,7 +136,7 @@ class _Setup:
 
 def _setup(table: MemWalTable, options: SearchOptions) -> _Setup:
     flt = options.filter_expression(table.schema)
-    snapshot = take_snapshot(table.table, table.consistency, table.writer)  # type: ignore[arg-type]
+    snapshot = take_snapshot(table.table, table.consistency, table.writer)
     regions = list(prune_regions(snapshot, table.table.specs, column_predicates(flt)))
     return _Setup(snapshot, regions, flt)
 

@@ -82,12 +82,15 @@ def to_expression(f: Filter, schema: pa.Schema) -> pc.Expression | None:
     if isinstance(f, IsNotNull):
         return field.is_valid()
     if isinstance(f, In):
-        scalars = [_literal(v, t) for v in f.value]
-        if not scalars or any(s is None for s in scalars):
+        literals = [_literal(v, t) for v in f.value]
+        scalars = [s for s in literals if s is not None]
+        if not scalars or len(scalars) < len(literals):
             return None
         return field.isin(pa.array([s.as_py() for s in scalars], type=t))
     compare = _COMPARISONS.get(type(f))
-    literal = None if compare is None else _literal(f.value, t)  # type: ignore[attr-defined]
+    if compare is None:
+        return None
+    literal = _literal(f.value, t)  # type: ignore[attr-defined]
     return None if literal is None else compare(field, literal)
 
 

@@ -112,9 +112,12 @@ def _source(table: Table, source_id: int) -> tuple[str, pa.DataType] | None:
 def _bucket_expression(df: DataFrame, table: Table, spec: RegionSpec) -> DataFrame | None:
     """`df` with the bucket number as `ROUTE`, when the spec is one bucket field over columns whose
     hash Spark can compute; else None."""
-    if len(spec.fields) != 1 or not isinstance(spec.fields[0].transform, Bucket | MultiBucket):
+    if len(spec.fields) != 1:
         return None
     field = spec.fields[0]
+    transform = field.transform
+    if not isinstance(transform, Bucket | MultiBucket):
+        return None
     sources = [_source(table, sid) for sid in field.source_ids]
     if any(src is None or _hashed_as(src[1]) is None for src in sources):
         return None
@@ -124,7 +127,7 @@ def _bucket_expression(df: DataFrame, table: Table, spec: RegionSpec) -> DataFra
         value = s.let(_as_bigint(F.col(name), arrow_type))
         hashed = _murmur3(s, value, _hashed_as(arrow_type), h)  # type: ignore[arg-type]
         h = s.let(F.when(value.isNull(), h).otherwise(hashed))  # NULLs are skipped
-    bucket = h.bitwiseAND(F.lit(0x7FFFFFFF)) % F.lit(field.transform.num_buckets)
+    bucket = h.bitwiseAND(F.lit(0x7FFFFFFF)) % F.lit(transform.num_buckets)
     s.df = s.df.withColumn(ROUTE, bucket.cast("int"))
     return s.drop()
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ class TableRef:
     storage_options: dict[str, str] | None
 
     @classmethod
-    def from_options(cls, options: dict[str, str]) -> TableRef:
+    def from_options(cls, options: Mapping[str, str]) -> TableRef:
         uri = options.get("path")
         if not uri:
             raise InvalidConfigError('the "memwal" data source needs a table URI: load(uri) / save(uri)')
@@ -133,7 +133,7 @@ def plan(table: Table, snapshot: Any, filter: pc.Expression | None, spans: int) 
 
 
 class MemWalReader(DataSourceReader):
-    def __init__(self, ref: TableRef, schema: StructType, options: dict[str, str]) -> None:
+    def __init__(self, ref: TableRef, schema: StructType, options: Mapping[str, str]) -> None:
         self.ref = ref
         self.columns = [f.name for f in schema.fields]
         self.arrow_schema = arrow_schema_for_spark(schema)
@@ -197,7 +197,7 @@ def _partition() -> int:
 
 
 class MemWalWriter(DataSourceArrowWriter):
-    def __init__(self, ref: TableRef, options: dict[str, str]) -> None:
+    def __init__(self, ref: TableRef, options: Mapping[str, str]) -> None:
         self.ref = ref
         self.operation = options.get("operation", "upsert")
         if self.operation not in OPERATIONS:
@@ -238,7 +238,7 @@ class StagedWriter(MemWalWriter):
     at a time under the job's lease on it (`memwal_df.spark.staging`); commit and abort remove the
     job's leases (abort then recovers, as `MemWalWriter.abort`)."""
 
-    def __init__(self, ref: TableRef, schema: StructType, options: dict[str, str]) -> None:
+    def __init__(self, ref: TableRef, schema: StructType, options: Mapping[str, str]) -> None:
         super().__init__(ref, options)
         check_routable(ref.open(), schema.names, keys_only=self.operation == "delete")
         self.job = StagedJob.from_options(self.operation, self.durable, options, self.allow_non_key)

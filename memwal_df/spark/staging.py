@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -69,7 +69,7 @@ class StagedJob:
         cls,
         operation: str,
         durable: bool,
-        options: dict[str, str],
+        options: Mapping[str, str],
         allow_non_key_region_columns: bool = False,
     ) -> StagedJob:
         """A new job (fresh id) with the data source options `stage_memory_bytes`, `lease_ttl_s`

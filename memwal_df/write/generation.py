@@ -30,7 +30,7 @@ import secrets
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import wait
-from typing import Any
+from typing import Any, cast
 
 import lance
 import pyarrow as pa
@@ -106,7 +106,8 @@ def write_generation(
                 data,
                 uri,
                 mode="create",
-                data_storage_version=data_storage_version,
+                # the base table's own `data_storage_version`: Lance reads it as `str`, takes a literal
+                data_storage_version=cast(Any, data_storage_version),
                 max_rows_per_file=_ONE_FRAGMENT,
                 storage_options=options,
             )
@@ -223,7 +224,8 @@ def _lance_schema_with_ids(schema: pa.Schema, ids: dict[int, int]) -> Any:
     from lance.schema import LanceSchema
 
     fresh = LanceSchema.from_pyarrow(schema)
-    rebuild, (metadata_json, *protos) = fresh.__reduce__()
+    reduced = cast(tuple[Any, ...], fresh.__reduce__())  # a pickle tuple (never a global's name)
+    rebuild, (metadata_json, *protos) = reduced
     fields = list(_preorder(fresh.fields()))
     if len(fields) != len(protos):
         raise RuntimeError("unexpected LanceSchema pickle layout")
@@ -254,7 +256,7 @@ def _write_with_field_ids(
         data.schema.empty_table(),
         uri,
         mode="create",
-        data_storage_version=data_storage_version,
+        data_storage_version=cast(Any, data_storage_version),  # as in `write_generation`
         storage_options=options,
     )
     fragments = []

@@ -1,11 +1,16 @@
-"""Shared pieces of the merger and GC tests: a small workload with a dict model, and oracles.
+"""The background-job side of the tests: a small workload with a dict model, the test merger, and
+oracles of the merge history.
 
 `Workload` writes random upserts and deletes through a real table writer and keeps the expected rows
-in a dict; `rows_at(table, version)` reads what a time-travelling reader of base version `version`
-sees (the base at that version + every listed generation above its merged generation), row by row,
-failing if a generation it needs is gone; `progress_history` is the merge progress of every retained
-base version; `finish` runs a writer and every job to completion and checks that the base alone
-holds the model and nothing half-deleted is left.
+in a dict. `merge_region` / `merge_all` run the real merger (`memwal_df.jobs.merger`); `gc_merged` is
+a deliberately aggressive stand-in for GC that deletes the directory of every merged generation at
+once, ignoring time travel and grace (the real `Table.gc` keeps what retained base versions reach):
+reader tests use it to check that readers skip garbage-collected generations. `rows_at(table,
+version)` reads what a time-travelling reader of base version `version` sees (the base at that
+version + every listed generation above its merged generation), row by row, failing if a generation
+it needs is gone; `progress_history` is the merge progress of every retained base version; `finish`
+runs a writer and every job to completion and checks that the base alone holds the model and nothing
+half-deleted is left.
 """
 
 from __future__ import annotations
@@ -17,14 +22,14 @@ from typing import Any
 
 import lance
 import pyarrow as pa
-from merge_helper import flushed_generations
-from reference import _apply, stored_rows
 
 import memwal_df as mw
 from memwal_df.format import layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.jobs.index_catchup import coverage
 from memwal_df.table import Table
+from support.reference import stored_rows
+from support.wal_oracle import apply_rows
 
 KEYS = 400
 
@@ -61,34 +66,81 @@ class Workload:
         writer.flush()
 
 
+def flushed_generations(table: Table, region_id: uuid.UUID) -> list[tuple[int, str]]:
+    """(generation, path relative to the table root) of every flushed generation, ascending."""
+    m = RegionManifestStore(table.storage, region_id).latest()
+    if m is None:
+        return []
+    return sorted((s.generation, layout.generation_path(region_id, s.path)) for s in m.sstables)
+
+
+def merged_generation(table: Table, region_id: uuid.UUID) -> int:
+    """The region's merged generation at the latest base version."""
+    table.refresh()
+    return memwal_index.merged_generations(table.details).get(region_id, 0)
+
+
+def merge_progress(table: Table, version: int) -> dict[uuid.UUID, int] | None:
+    """Merged generation per region recorded at base version `version`; None when that version has
+    no MemWAL index."""
+    found = memwal_index.read_details(table.uri, table.storage_options or None, version)
+    return memwal_index.merged_generations(found[0]) if found else None
+
+
+def merge_region(table: Table, region_id: uuid.UUID, up_to: int | None = None) -> list[int]:
+    """Merge the region's unmerged flushed generations (those <= `up_to` if given) into the base, in
+    ascending order, with the real merger; returns the generations merged."""
+    floor = merged_generation(table, region_id)
+    pending = [
+        g for g, _ in flushed_generations(table, region_id) if g > floor and (up_to is None or g <= up_to)
+    ]
+    if not pending:
+        return []
+    return list(table.merge([region_id], max_generations=len(pending)).generations.get(region_id, ()))
+
+
+def merge_all(table: Table) -> dict[uuid.UUID, list[int]]:
+    """Merge every region's unmerged generations."""
+    merged = table.merge().generations
+    return {r: list(merged.get(r, ())) for r in table.region_ids()}
+
+
+def gc_merged(table: Table) -> list[str]:
+    """Delete the directory of every merged generation still present; returns the paths deleted."""
+    table.refresh()
+    merged = memwal_index.merged_generations(table.details)
+    deleted = []
+    for region_id in table.region_ids():
+        floor = merged.get(region_id, 0)
+        for gen, path in flushed_generations(table, region_id):
+            if gen <= floor and table.storage.list_dir(path):
+                table.storage.delete_prefix(path)
+                deleted.append(path)
+    return deleted
+
+
 def rows_at(table: Table, version: int | None = None) -> dict[Any, dict[str, Any]]:
     """What a reader of base version `version` (None: latest) sees, from the current region manifests.
 
     Raises when a generation that reader needs (listed, above its merged generation) is missing."""
     options = table.storage_options or None
     ds = lance.dataset(table.uri, version=version, storage_options=options)
-    found = memwal_index.read_details(table.uri, options, ds.version)
-    assert found is not None
-    merged = memwal_index.merged_generations(found[0])
+    merged = merge_progress(table, ds.version)
+    assert merged is not None
     model: dict[Any, dict[str, Any]] = {}
-    _apply(model, ds.to_table().to_pylist(), ("id",))
+    apply_rows(model, ds.to_table().to_pylist())
     for region_id in table.region_ids():
-        m = RegionManifestStore(table.storage, region_id).latest()
-        for sst in sorted(m.sstables if m else [], key=lambda s: s.generation):
-            if sst.generation > merged.get(region_id, 0):
-                uri = table.storage.child_uri(layout.generation_path(region_id, sst.path))
-                _apply(model, lance.dataset(uri, storage_options=options).to_table().to_pylist(), ("id",))
+        for gen, path in flushed_generations(table, region_id):
+            if gen > merged.get(region_id, 0):
+                uri = table.storage.child_uri(path)
+                apply_rows(model, lance.dataset(uri, storage_options=options).to_table().to_pylist())
     return model
 
 
 def progress_history(table: Table) -> list[dict[uuid.UUID, int]]:
     """Merge progress (`compacted_sstables`) of every retained base version, oldest first."""
     ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
-    out = []
-    for v in sorted(x["version"] for x in ds.versions()):
-        found = memwal_index.read_details(table.uri, table.storage_options or None, v)
-        out.append(memwal_index.merged_generations(found[0]) if found else {})
-    return out
+    return [merge_progress(table, v) or {} for v in sorted(x["version"] for x in ds.versions())]
 
 
 def assert_monotonic(history: list[dict[uuid.UUID, int]]) -> None:
@@ -209,7 +261,7 @@ class VersionOracle:
         for region_id in self.table.region_ids():
             merged = progress.get(region_id, 0)
             for gen in range(1, merged + 1):
-                _apply(model, self._rows(region_id, gen), ("id",))
+                apply_rows(model, self._rows(region_id, gen))
             pending |= {r["id"] for r in self._rows(region_id, merged + 1) if r.get("_tombstone")}
         return model, pending
 
@@ -219,8 +271,7 @@ class VersionOracle:
         versions = sorted(v["version"] for v in ds.versions())
         last: dict[uuid.UUID, int] = {}
         for version in versions:
-            found = memwal_index.read_details(self.table.uri, self.options, version)
-            progress = memwal_index.merged_generations(found[0]) if found else {}
+            progress = merge_progress(self.table, version) or {}
             for region, gen in last.items():
                 assert progress.get(region, 0) >= gen, (
                     f"version {version}: merge progress of {region} went back"

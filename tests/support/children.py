@@ -1,28 +1,36 @@
-"""Parent side of `tests/job_child.py`: start a child, read a writer child's acknowledgement log, and
+"""Parent side of `tests/support/job_child.py`: start a child, read a writer child's acknowledgement log, and
 the peak memory of a child."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import memwal_df
+
 CHILD = Path(__file__).with_name("job_child.py")
+# The child imports the memwal_df under test (this process's), not another one installed in the venv.
+SOURCE_ROOT = str(Path(memwal_df.__file__).resolve().parents[1])
 
 
 def spawn(
     mode: str, uri: str, options: dict[str, str] | None, log_dir: Path, **args: Any
 ) -> subprocess.Popen:
     """Start `job_child.py MODE` (stdout piped: it prints `ready`; stderr to a file in `log_dir`)."""
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": SOURCE_ROOT + (os.pathsep + path if path else "")}
     with open(log_dir / f"{mode}-{time.monotonic_ns()}.stderr", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-u", str(CHILD), mode, uri, json.dumps(options), json.dumps(args)],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
+            env=env,
         )
 
 

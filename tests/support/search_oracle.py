@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from hypothesis import strategies as st
-from merge_helper import merge_all
-from reference import stored_rows
 
 import memwal_df as mw
+from support.jobs import merge_all
+from support.reference import stored_rows
 
 DIM = 8
 WORDS = ["apple", "pear", "fig", "kiwi", "lime", "plum", "date", "yuzu", "sloe", "quince"]

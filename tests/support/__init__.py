@@ -1,0 +1,1 @@
+"""Helpers of the test suite: oracles, fault injection, child processes and shared parametrization."""
