@@ -379,8 +379,8 @@ class RegionSpec:
             per_source.append(None if allowed is None else In(allowed))
         if not per_source or any(p is None for p in per_source):
             return []
-        projected = f.transform.project_sources(per_source, types)
-        return [] if projected is None else [projected]
+        combined = f.transform.project_sources(per_source, types)
+        return [] if combined is None else [combined]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -135,7 +135,8 @@ def encode_region_value(value: Any, type: pa.DataType | str) -> bytes | None:
         arr = pa.array([value], type=t)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
         raise RegionRoutingError(f"region value {value!r} does not fit type {t}: {e}") from e
-    return arr.buffers()[1].to_pybytes()[:width]
+    data: bytes = arr.buffers()[1].to_pybytes()
+    return data[:width]
 
 
 def decode_region_value(data: bytes | None, type: pa.DataType | str) -> Any:
