@@ -57,7 +57,7 @@ def selects_keys_only(node: Node | None, key_schema: pa.Schema) -> bool:
         return False
     if not isinstance(column, Field) or column.path or column.name not in key_schema.names:
         return False
-    return found == key_schema.field(column.name).type
+    return bool(found == key_schema.field(column.name).type)
 
 
 def _decoded(filter: Any, key_schema: pa.Schema) -> Node | None:
