@@ -738,7 +738,7 @@ def replace_details(
 
     The commit runs inside `entry_lease.exclusive` (lease + fence): no merge commit can land between
     our read of the latest details and our commit, so the committed version never shows less merge
-    progress than the version before it (see `memwal_df/entry_lease.py`). Each call commits two
+    progress than the version before it (see `memwal_df/format/entry_lease.py`). Each call commits two
     versions: the fence, then the entry.
 
     Re-reads and merges, never blindly overwrites: if the table moved past `read_version`, our

@@ -13,7 +13,7 @@ Guarantees:
   pass commits from a pinned base version `R` at which the generation is unmerged, without Lance's
   conflict retries (Lance would re-execute it on a newer version, past that check); pass 2 first waits
   until no MemWAL index-entry writer holds the entry lease (`entry_lease.admit`). Index-entry commits
-  then never lower progress (see `memwal_df/entry_lease.py`), so progress at `R` is the highest any
+  then never lower progress (see `memwal_df/format/entry_lease.py`), so progress at `R` is the highest any
   version recorded, and Lance's "Stale SSTable compaction" check (marker not above the newest
   recorded one) makes a marker commit the first and only one for its generation. The merger takes
   "Stale" as "another merger got there first" and goes on; a lost race pins a new version and checks
