@@ -34,7 +34,8 @@ from memwal_df.errors import (
 )
 from memwal_df.format.region_spec import RegionSpec
 from memwal_df.format.schema import key_rows, tombstone_rows, upsert_chunks
-from memwal_df.write.region_writer import RegionWriter, WriterConfig
+from memwal_df.write.region_writer import RegionWriter
+from memwal_df.write.writer_config import WriterConfig
 
 if TYPE_CHECKING:
     from memwal_df.table import Table
