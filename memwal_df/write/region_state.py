@@ -2,10 +2,11 @@
 
 `RegionState` holds everything the caller threads, the WAL thread and the flush thread of a region
 writer read or change: the MemTables (active and sealed), the next WAL position, the non-durable WAL
-buffer, the manifest last committed, the fatal error and the closed flag. Fields are read and written
-under `cond` (a re-entrant lock), except the next WAL position and the WAL statistics, which only the
-single appender changes (the leader of a durable write group, or the WAL thread). Every change a
-waiter may be waiting for is followed by `cond.notify_all()`.
+buffer, the manifest last committed, the fatal error and the closed flag. Fields change under `cond`
+(a re-entrant lock), except the next WAL position and the WAL statistics, which only the single
+appender changes (the leader of a durable write group, or the WAL thread), and the put and delete
+counters; whoever needs a consistent view holds `cond`. Every change a waiter may be waiting for is
+followed by `cond.notify_all()`.
 
 It also holds the two transitions that touch both the MemTables and the WAL buffer and must happen in
 one critical section: `seal` (the active MemTable becomes the oldest unflushed one) and `fence` (this

@@ -202,6 +202,7 @@ class RegionWriter:
             return [mt.snapshot() for mt in [*self._state.sealed, self._state.active] if mt.num_rows]
 
     def stats(self) -> dict[str, int]:
+        """Counters of this writer and the state of its MemTables and WAL, copied under its lock."""
         state = self._state
         with state.cond:
             return {

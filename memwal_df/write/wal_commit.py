@@ -152,9 +152,11 @@ class WalCommitter:
         state.stats["wal_bytes"] += len(data)
 
     def _adopt(self, entry: WalEntry) -> None:
+        """Take our own stored `entry` into the MemTable (durable mode: its writes failed and never
+        reached it) and move the next position past it."""
         state = self._state
         with state.cond:
-            if self._config.durable_write:  # the writes that failed never reached the MemTable
+            if self._config.durable_write:
                 for batch in entry.batches:
                     conformed = conform_replayed(state.active.schema, self._wal, batch, entry.position)
                     state.active.append(conformed)
