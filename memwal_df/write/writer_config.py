@@ -39,10 +39,8 @@ class WriterConfig:
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name in defaults:
-                raw = defaults[f.name]
-                values[f.name] = (
-                    raw.lower() == "true" if f.type in (bool, "bool") else type(getattr(cls, f.name))(raw)
-                )
+                raw, default = defaults[f.name], getattr(cls, f.name)
+                values[f.name] = raw.lower() == "true" if isinstance(default, bool) else type(default)(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
