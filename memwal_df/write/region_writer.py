@@ -85,7 +85,7 @@ class RegionWriter:
         if not self.config.indexed_write and self._state.active.indexes:
             self._indexer = BackgroundIndexer(f"memwal-index-{region_id}")
         self._wal_commit = WalCommitter(self._state, wal, self.config, self._indexer)
-        self._flush = FlushPipeline(
+        self._flush_pipeline = FlushPipeline(
             self._state,
             store,
             ctx.storage,
@@ -93,7 +93,7 @@ class RegionWriter:
             ctx.indexes,
             self.config.max_flush_retries,
         )
-        self._threads = [self._thread(self._flush.run_flush_thread, "flush")]
+        self._threads = [self._thread(self._flush_pipeline.run_flush_thread, "flush")]
         if not self.config.durable_write:
             self._threads.append(self._thread(self._wal_commit.run_wal_thread, "wal"))
         for t in self._threads:
@@ -252,6 +252,6 @@ class RegionWriter:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
-        self._flush.wait_for_writes()
+        self._flush_pipeline.wait_for_writes()
         if self._indexer is not None:
             self._indexer.stop()
