@@ -45,8 +45,9 @@ from memwal_df.jobs import index_builder, index_catchup, merger
 from memwal_df.jobs import maintain as _maintain
 from memwal_df.jobs import repair as _repair
 from memwal_df.write.region_open import open_region_writer, open_routed_writer
-from memwal_df.write.region_writer import RegionWriter, WriterConfig
+from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.table_writer import TableWriter
+from memwal_df.write.writer_config import WriterConfig
 
 log = logging.getLogger(__name__)
 
