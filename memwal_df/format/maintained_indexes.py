@@ -33,8 +33,8 @@ import numpy as np
 
 from memwal_df.format.memwal_index import read_index_section
 from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
-from memwal_df.format.wal import TOMBSTONE
 from memwal_df.format.wire import read_varint
 
 __all__ = ["MaintainedIndex", "maintained_indexes", "write_generation_indexes"]

@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import MemWalError
 from memwal_df.format import memwal_index
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.cache import described_indices
 from memwal_df.read.exec.dedup import id_ranges
 from memwal_df.read.exec.keyset import KeySet, key_array

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.exec.keyset import key_array
 
 __all__ = [

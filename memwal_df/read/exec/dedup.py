@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import MissingGenerationError
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.keyset import KeySet, key_array
 from memwal_df.read.predicate import referenced_columns, split_for_lance

@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.tokenizer import Tokenizer
-from memwal_df.format.wal import TOMBSTONE
 from memwal_df.read.exec.base import short_id
 from memwal_df.read.exec.filter_stale import NewerLevels, level_key_set
 from memwal_df.read.exec.keyset import KeySet, key_array

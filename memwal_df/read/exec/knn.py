@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import InvalidConfigError
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.exec.base import short_id
 from memwal_df.read.exec.filter_stale import NewerLevels
 from memwal_df.read.exec.ranked import POSITION, RankedExec, grow
