@@ -40,6 +40,7 @@ from memwal_df.errors import (
 from memwal_df.format import layout, memwal_index
 from memwal_df.format.maintained_indexes import MaintainedIndex, maintained_indexes
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.pk_index import is_supported_pk_type
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.region_spec import (
@@ -53,7 +54,7 @@ from memwal_df.format.region_spec import (
     result_arrow_type,
 )
 from memwal_df.format.schema import TableSchema, check_keys, conform, to_table
-from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.jobs import garbage as _gc
 from memwal_df.jobs import index_builder, index_catchup, merger

@@ -29,8 +29,8 @@ from memwal_df.format.maintained_indexes import (
     maintained_indexes,
 )
 from memwal_df.format.memwal_index import read_index_section
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.rows import TOMBSTONE
-from memwal_df.format.storage import open_storage
 from memwal_df.format.tokenizer import Tokenizer
 from memwal_df.read.exec.global_bm25 import PairTerms, TermIndex
 from memwal_df.read.search import plan_fts, plan_vector_search

@@ -26,8 +26,8 @@ from memwal_df.errors import (
     TableNotFoundError,
 )
 from memwal_df.format import memwal_index as mi
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.storage import open_storage
 
 PK = mi.PRIMARY_KEY_METADATA
 POS = mi.PRIMARY_KEY_POSITION_METADATA

@@ -43,9 +43,10 @@ from memwal_df.errors import (
     TableNotFoundError,
 )
 from memwal_df.format import entry_lease
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.region_spec import RegionSpec, check_key_only
-from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.storage import Storage
 
 MEMWAL_INDEX_NAME = "__lance_mem_wal"
 DETAILS_TYPE_URL = "/lance.table.MemWalIndexDetails"

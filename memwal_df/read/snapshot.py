@@ -38,11 +38,12 @@ import pyarrow.compute as pc
 from memwal_df.errors import CorruptManifestError, InvalidConfigError, MissingGenerationError, NotFoundError
 from memwal_df.format import layout, memwal_index, region_snapshot
 from memwal_df.format.bloom import BloomFilter
+from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.region_spec import RegionSpec
 from memwal_df.format.schema import TableSchema, conform
-from memwal_df.format.storage import LocalStorage, Storage
+from memwal_df.format.storage import Storage
 from memwal_df.pools import shared_pool
 from memwal_df.read.cache import PerObjectCache
 from memwal_df.read.exec.keyset import key_array
