@@ -37,7 +37,7 @@ from memwal_df.errors import (
     TableNotFoundError,
     UnknownRegionError,
 )
-from memwal_df.format import layout, memwal_index
+from memwal_df.format import base_manifest, layout, memwal_index
 from memwal_df.format.maintained_indexes import MaintainedIndex, maintained_indexes
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
 from memwal_df.format.open_storage import open_storage
@@ -108,7 +108,7 @@ class Table:
         self._opened_version = ds.version
         self._session = ds.session()
         self.details = found[0]
-        pk = memwal_index.primary_key(ds.schema)
+        pk = base_manifest.primary_key(ds.schema)
         self.schema = TableSchema(ds.schema, tuple(pk), lance_field_ids(ds))
         specs = sorted(self.details.sharding_specs, key=lambda s: s.spec_id)
         self.spec = RegionSpec.from_proto(specs[-1]) if specs else None
@@ -525,7 +525,7 @@ def create_table(
     pk = [primary_key] if isinstance(primary_key, str) else list(primary_key)
     data = data_or_schema.empty_table() if isinstance(data_or_schema, pa.Schema) else to_table(data_or_schema)
     _check_primary_key(data.schema, pk)
-    schema = memwal_index.with_primary_key(_nullable_values(data.schema, pk), pk)
+    schema = base_manifest.with_primary_key(_nullable_values(data.schema, pk), pk)
     data = conform(data, schema)
     check_keys(data, tuple(pk))
     data = _last_per_key(data, pk)

@@ -21,6 +21,7 @@ from search_oracle import DIM, HISTORY_OPS, SCHEMA, SearchLsm, bm25, history, ma
 from test_interop import snapshots
 
 import memwal_df as mw
+from memwal_df.format.base_manifest import read_index_section
 from memwal_df.format.maintained_indexes import (
     MaintainedIndex,
     _global_buffer,
@@ -28,7 +29,6 @@ from memwal_df.format.maintained_indexes import (
     _tensor,
     maintained_indexes,
 )
-from memwal_df.format.memwal_index import read_index_section
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.tokenizer import Tokenizer
