@@ -52,6 +52,7 @@ from memwal_df.errors import (
 )
 from memwal_df.format import entry_lease, layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.jobs.repair import each_region
 from memwal_df.read.cache import described_indices
@@ -59,7 +60,6 @@ from memwal_df.read.cache import described_indices
 if TYPE_CHECKING:
     from memwal_df.format.table_handle import TableHandle
 
-TOMBSTONE = "_tombstone"
 MAX_ATTEMPTS = 50  # tries per generation when its commits keep losing races (each loss: another commit)
 _BACKOFF = (0.005, 0.5)  # seconds: first and longest cap of the random wait after a lost race
 _STALE_MARKER = "Stale SSTable compaction"
