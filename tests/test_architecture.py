@@ -8,7 +8,7 @@ modules, and the tests check
   only from its own layer or lower ones;
 * no module imports another module's private name (`_name`: a function, class or module; a package
   may import its own private submodules);
-* no module is over 650 lines (the generated protobuf code aside).
+* no module is over 600 lines (the generated protobuf code aside).
 
 Importing `a.b.c` also runs the `__init__` of `a` and `a.b`; those implicit imports are not edges.
 """
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "memwal_df"
 GENERATED = {"memwal_df/format/proto/memwal_pb2.py"}
-MAX_LINES = 650
+MAX_LINES = 600
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "pools", "_moved", "_lance_log"),
