@@ -31,13 +31,14 @@ from memwal_df.errors import (
     SchemaMismatchError,
     TableExistsError,
 )
-from memwal_df.format import layout, memwal_index
+from memwal_df.format import base_manifest, layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.pk_index import is_supported_pk_type
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import UnboundRegionSpec, lance_field_ids
 from memwal_df.format.schema import check_keys, conform, to_table
-from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.format.wal import Wal
 from memwal_df.jobs import garbage as _gc
@@ -45,8 +46,9 @@ from memwal_df.jobs import index_builder, index_catchup, merger
 from memwal_df.jobs import maintain as _maintain
 from memwal_df.jobs import repair as _repair
 from memwal_df.write.region_open import open_region_writer, open_routed_writer
-from memwal_df.write.region_writer import RegionWriter, WriterConfig
+from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.table_writer import TableWriter
+from memwal_df.write.writer_config import WriterConfig
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +324,7 @@ def create_table(
     pk = [primary_key] if isinstance(primary_key, str) else list(primary_key)
     data = data_or_schema.empty_table() if isinstance(data_or_schema, pa.Schema) else to_table(data_or_schema)
     _check_primary_key(data.schema, pk)
-    schema = memwal_index.with_primary_key(_nullable_values(data.schema, pk), pk)
+    schema = base_manifest.with_primary_key(_nullable_values(data.schema, pk), pk)
     data = conform(data, schema)
     check_keys(data, tuple(pk))
     data = _last_per_key(data, pk)

@@ -39,7 +39,8 @@ from support.wal_oracle import apply_rows
 import memwal_df as mw
 from memwal_df import errors
 from memwal_df.format import layout
-from memwal_df.format.wal import Wal, encode_entry, wal_schema
+from memwal_df.format.rows import wal_schema
+from memwal_df.format.wal import Wal, encode_entry
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
 GUARANTEE = "bad input never corrupts a table; nothing corrupt is read"

@@ -45,10 +45,10 @@ from support.wal_oracle import apply_rows, check_region, durable_rows, wal_recor
 
 import memwal_df as mw
 from memwal_df.errors import StorageError
-from memwal_df.format import layout
-from memwal_df.format import storage as storage_mod
+from memwal_df.format import layout, local_storage, object_storage
+from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.manifest import RegionManifestStore, new_manifest, next_version
-from memwal_df.format.storage import LocalStorage, open_storage
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.wal import Wal, encode_entry
 from memwal_df.write.generation import write_generation
 from memwal_df.write.memtable import MemTable
@@ -65,7 +65,10 @@ import json, os, random, sys, threading, traceback
 import pyarrow as pa
 
 import memwal_df as mw
-from memwal_df import errors, generation, storage
+from memwal_df import errors, generation
+from memwal_df.format import storage
+from memwal_df.format.local_storage import LocalStorage
+from memwal_df.format.object_storage import ObjectStorage
 
 URI, OPTIONS = sys.argv[1], json.loads(sys.argv[2]) or None
 SCHEMA = pa.schema(
@@ -119,7 +122,7 @@ def inject(point, k):
 
         return wrapped
 
-    for cls in (storage.LocalStorage, storage.ObjectStorage):
+    for cls in (LocalStorage, ObjectStorage):
         put = cls.put
 
         def put_(self, path, data, _put=put):
@@ -153,7 +156,7 @@ def inject(point, k):
         return result
 
     generation.lance.write_dataset = write_dataset_
-    for cls in (storage.LocalStorage, storage.ObjectStorage):
+    for cls in (LocalStorage, ObjectStorage):
         sync_tree = cls.sync_tree
 
         def sync_tree_(self, path, _sync=sync_tree):
@@ -593,7 +596,7 @@ def test_crash_while_claiming_or_writing(request, tmp_path, spawn, kind, point, 
         leftovers = [n for n in os.listdir(wal_dir) if ".tmp." in n]
         # An unnamed O_TMPFILE vanishes with the process; a named temp file (file systems without
         # O_TMPFILE) stays, ignored by listings and by the next writer.
-        assert bool(leftovers) == (point == "wal_temp_written" and not storage_mod._unnamed_files)
+        assert bool(leftovers) == (point == "wal_temp_written" and not local_storage._unnamed_files)
 
     assert table.recover() == [rid]
     assert stored_rows(table) == model.rows
@@ -924,7 +927,7 @@ def test_ambiguous_claim_commit_is_never_taken_for_ours(monkeypatch, failure):
             )
         raise OSError("Generic S3 error: error sending request: operation timed out")
 
-    monkeypatch.setattr(storage_mod.obs, "put", no_answer)
+    monkeypatch.setattr(object_storage.obs, "put", no_answer)
     assert RegionManifestStore(storage, rid).commit(identical) is False
 
 
@@ -937,13 +940,13 @@ def test_ambiguous_flush_commit_that_landed_counts_as_committed(monkeypatch):
     flushed = next_version(v1)
     flushed.sstables.add(generation=1, path="0123abcd_gen_1")
     flushed.current_generation = 2
-    real_put = storage_mod.obs.put
+    real_put = object_storage.obs.put
 
     def landed_then_timeout(store, key, data, **kw):
         real_put(store, key, data, **kw)
         raise OSError("Generic S3 error: error sending request: operation timed out")
 
-    monkeypatch.setattr(storage_mod.obs, "put", landed_then_timeout)
+    monkeypatch.setattr(object_storage.obs, "put", landed_then_timeout)
     assert RegionManifestStore(storage, rid).commit(flushed) is True
     monkeypatch.undo()
     assert RegionManifestStore(storage, rid).latest() == flushed
@@ -974,7 +977,7 @@ def test_flush_whose_manifest_put_lost_its_answer_commits_once(monkeypatch, s3_b
     rid = uuid.uuid4()
     rw = table.region_writer(rid)
     apply_op(rw, put_op([1, 2], "x"))
-    real_put = storage_mod.obs.put
+    real_put = object_storage.obs.put
     hits = []
 
     def landed_then_timeout(store, key, data, **kw):
@@ -983,7 +986,7 @@ def test_flush_whose_manifest_put_lost_its_answer_commits_once(monkeypatch, s3_b
             hits.append(key)
             raise OSError("Generic S3 error: error sending request: operation timed out")
 
-    monkeypatch.setattr(storage_mod.obs, "put", landed_then_timeout)
+    monkeypatch.setattr(object_storage.obs, "put", landed_then_timeout)
     rw.flush()
     rw.close()
     assert hits

@@ -15,7 +15,8 @@ import pytest
 
 from memwal_df.errors import CorruptManifestError
 from memwal_df.format import lease
-from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.open_storage import open_storage
+from memwal_df.format.storage import Storage
 
 DIR = "_mem_wal/_write_leases/job/region"
 LONG = timedelta(minutes=10)  # never expires during a test

@@ -25,7 +25,7 @@ from support.jobs import cleanup, gc_merged, merge_all
 from support.reference import stored_rows
 
 import memwal_df as mw
-from memwal_df.format import memwal_index, pk_index
+from memwal_df.format import base_manifest, pk_index
 from memwal_df.read import generation_rows
 from memwal_df.read.cache import GENERATIONS, ImmutableCache
 from memwal_df.read.exec.take_last import TakeLastExec
@@ -310,7 +310,7 @@ def test_base_freshness_is_lances_latest_version_resolution(
             w.put(rows([key], "g"))
         merge_all(mw.open_table(uri))
     lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0))
-    assert not (tmp_path / "t" / memwal_index.manifest_path(version + 1)).exists()
+    assert not (tmp_path / "t" / base_manifest.manifest_path(version + 1)).exists()
     assert reader.is_latest(version) is False
     reader.sync()
     assert reader.dataset.version == lance.dataset(uri).version and reader.is_latest(reader.dataset.version)

@@ -37,7 +37,7 @@ from support.jobs import (
 
 import memwal_df as mw
 from memwal_df.errors import CommitConflictError, InvalidConfigError
-from memwal_df.format import layout, memwal_index
+from memwal_df.format import base_manifest, layout, memwal_index
 from memwal_df.jobs.maintain import run_round
 
 ZERO = timedelta(0)
@@ -211,11 +211,11 @@ def _read_latest(table) -> dict:
     snapshot when the base moved meanwhile (GC only removes what the retained versions no longer
     read); a generation gone while its version is still the latest is a failure."""
     while True:
-        version = memwal_index.latest_version(table.storage)
+        version = base_manifest.latest_version(table.storage)
         try:
             return rows_at(table, version)
         except (OSError, ValueError):
-            if memwal_index.latest_version(table.storage) == version:
+            if base_manifest.latest_version(table.storage) == version:
                 raise
 
 

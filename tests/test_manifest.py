@@ -15,8 +15,9 @@ import pytest
 from memwal_df.errors import CorruptManifestError
 from memwal_df.format import layout
 from memwal_df.format.manifest import RegionManifestStore, new_manifest, next_version, region_id_of
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.storage import Storage
 
 PK = "lance-schema:unenforced-primary-key"
 

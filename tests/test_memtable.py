@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import layout
 from memwal_df.format.bloom import BloomFilter
-from memwal_df.format.storage import open_storage
-from memwal_df.format.wal import TOMBSTONE, wal_schema
+from memwal_df.format.open_storage import open_storage
+from memwal_df.format.rows import TOMBSTONE, wal_schema
 from memwal_df.write.generation import open_generation, primary_key_bytes, write_generation
 from memwal_df.write.memtable import MemTable
 

@@ -21,6 +21,7 @@ from support.search_oracle import DIM, HISTORY_OPS, SCHEMA, SearchLsm, bm25, his
 from test_interop import snapshots
 
 import memwal_df as mw
+from memwal_df.format.base_manifest import read_index_section
 from memwal_df.format.maintained_indexes import (
     MaintainedIndex,
     _global_buffer,
@@ -28,10 +29,9 @@ from memwal_df.format.maintained_indexes import (
     _tensor,
     resolve_maintained_indexes,
 )
-from memwal_df.format.memwal_index import read_index_section
-from memwal_df.format.storage import open_storage
+from memwal_df.format.open_storage import open_storage
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.tokenizer import Tokenizer
-from memwal_df.format.wal import TOMBSTONE
 from memwal_df.read.fts_terms import PairTerms, TermIndex
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.search import plan_fts, plan_vector_search

@@ -1,4 +1,5 @@
-"""memwal_df.format.memwal_index against real Lance 14 tables: what native writes, what we read and write."""
+"""memwal_df.format.memwal_index and base_manifest against real Lance 14 tables: what native writes,
+what we read and write."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ from memwal_df.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from memwal_df.format import base_manifest as bm
 from memwal_df.format import memwal_index as mi
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.storage import open_storage
 
-PK = mi.PRIMARY_KEY_METADATA
-POS = mi.PRIMARY_KEY_POSITION_METADATA
+PK = bm.PRIMARY_KEY_METADATA
+POS = bm.PRIMARY_KEY_POSITION_METADATA
 WRITER_DEFAULTS = {
     "durable_write": "true",
     "max_wal_buffer_size": "10485760",
@@ -200,9 +202,9 @@ def test_index_section_reencodes_identically(tmp_path: Path) -> None:
     uri = make_table(tmp_path / "t")
     lance.dataset(uri).initialize_mem_wal(bucket_column="id", num_buckets=4)
     storage = open_storage(uri)
-    version, indices = mi.read_index_section(storage)
+    version, indices = bm.read_index_section(storage)
     assert version == lance.dataset(uri).version == 2
-    raw = storage.get(mi.manifest_path(version))
+    raw = storage.get(bm.manifest_path(version))
     section = pb.IndexSection(indices=indices).SerializeToString()
     assert section in raw  # the IndexSection bytes, as stored, re-encoded from our parse
 
@@ -295,7 +297,7 @@ def test_no_memwal_index_and_no_table(tmp_path: Path) -> None:
     assert mi.read_details(uri) is None
     lance.dataset(uri).create_scalar_index("id", "BTREE", name="id_idx")
     assert mi.read_details(uri) is None  # other indexes only
-    assert [i.name for i in mi.read_index_section(open_storage(uri))[1]] == ["id_idx"]
+    assert [i.name for i in bm.read_index_section(open_storage(uri))[1]] == ["id_idx"]
     with pytest.raises(TableNotFoundError):
         mi.read_details(str(tmp_path / "missing"))
     with pytest.raises(TableNotFoundError):
@@ -314,7 +316,7 @@ def test_overwrite_drops_the_index(tmp_path: Path) -> None:
 def test_corrupt_manifest(tmp_path: Path) -> None:
     uri = make_table(tmp_path / "t")
     native(uri, unsharded=True)
-    path = Path(uri) / mi.manifest_path(2)
+    path = Path(uri) / bm.manifest_path(2)
     data = path.read_bytes()
     path.write_bytes(data[:-20] + data[-16:])  # footer now points at garbage
     with pytest.raises(CorruptManifestError):
@@ -329,12 +331,12 @@ def test_corrupt_manifest(tmp_path: Path) -> None:
 
 
 def test_manifest_path() -> None:
-    assert mi.manifest_path(2) == "_versions/18446744073709551613.manifest"
-    assert mi.manifest_path(2, "v2") == "_versions/18446744073709551613.manifest"
-    assert mi.manifest_path(2, "v1") == "_versions/2.manifest"
-    assert mi.manifest_path((1 << 63) + 5, "v2") == f"_versions/{(1 << 63) - 6:020d}.manifest"
+    assert bm.manifest_path(2) == "_versions/18446744073709551613.manifest"
+    assert bm.manifest_path(2, "v2") == "_versions/18446744073709551613.manifest"
+    assert bm.manifest_path(2, "v1") == "_versions/2.manifest"
+    assert bm.manifest_path((1 << 63) + 5, "v2") == f"_versions/{(1 << 63) - 6:020d}.manifest"
     with pytest.raises(ValueError):
-        mi.manifest_path(-1)
+        bm.manifest_path(-1)
 
 
 def test_v1_manifest_naming(tmp_path: Path) -> None:
@@ -342,7 +344,7 @@ def test_v1_manifest_naming(tmp_path: Path) -> None:
     assert (Path(uri) / "_versions" / "1.manifest").exists()
     native(uri, bucket_column="id", num_buckets=2)
     storage = open_storage(uri)
-    assert mi.latest_version(storage) == 2
+    assert bm.latest_version(storage) == 2
     details, _ = mi.read_details(uri)
     assert details.num_shards == 2
     assert mi.read_details(uri, version=1) is None
@@ -356,7 +358,7 @@ def test_latest_version_past_versions_removed_by_cleanup(tmp_path: Path) -> None
     for i in range(4):
         lance.dataset(uri).insert(rows([10 + i]))
     storage = open_storage(uri)
-    assert mi.latest_version(storage) == lance.dataset(uri).version == 5
+    assert bm.latest_version(storage) == lance.dataset(uri).version == 5
     lance.dataset(uri).tags.create("kept", 2)
     lance.dataset(uri).cleanup_old_versions(
         older_than=datetime.timedelta(0), delete_unverified=True, error_if_tagged_old_versions=False
@@ -368,8 +370,8 @@ def test_latest_version_past_versions_removed_by_cleanup(tmp_path: Path) -> None
             path.unlink()
         else:
             path.write_text(json.dumps(hint))
-        assert mi.latest_version(storage) == 5, hint
-        assert mi.read_index_section(storage)[0] == 5
+        assert bm.latest_version(storage) == 5, hint
+        assert bm.read_index_section(storage)[0] == 5
 
 
 # ------------------------------------------------------------------------------------------------
@@ -718,14 +720,14 @@ def lance_order(schema: pa.Schema) -> list[str]:
 
 
 def test_primary_key_single() -> None:
-    assert mi.primary_key(SCHEMA) == ["id"]
-    assert mi.primary_key(pa.schema([pa.field("a", pa.int64())])) == []
+    assert bm.primary_key(SCHEMA) == ["id"]
+    assert bm.primary_key(pa.schema([pa.field("a", pa.int64())])) == []
     for truthy in ("true", "TRUE", "1", "yes", "Y", "on"):
         s = pa.schema([pa.field("a", pa.int64(), False, {PK: truthy}), pa.field("b", pa.int64())])
-        assert mi.primary_key(s) == lance_order(s) == ["a"]
+        assert bm.primary_key(s) == lance_order(s) == ["a"]
     for falsy in ("false", "0", "t", "", "true "):
         s = pa.schema([pa.field("a", pa.int64(), False, {PK: falsy})])
-        assert mi.primary_key(s) == lance_order(s) == []
+        assert bm.primary_key(s) == lance_order(s) == []
 
 
 @pytest.mark.parametrize(
@@ -746,7 +748,7 @@ def test_primary_key_single() -> None:
 )
 def test_primary_key_composite_matches_lance(fields: list[tuple[str, dict]]) -> None:
     schema = pa.schema([pa.field(n, pa.int64(), not md, md or None) for n, md in fields])
-    assert mi.primary_key(schema) == lance_order(schema)
+    assert bm.primary_key(schema) == lance_order(schema)
 
 
 def test_primary_key_nested() -> None:
@@ -760,8 +762,8 @@ def test_primary_key_nested() -> None:
             pa.field("b", pa.int64(), False, {POS: "1"}),
         ]
     )
-    assert mi.primary_key(schema) == ["b", "s.y"]
-    assert [n.split(".")[-1] for n in mi.primary_key(schema)] == lance_order(schema)
+    assert bm.primary_key(schema) == ["b", "s.y"]
+    assert [n.split(".")[-1] for n in bm.primary_key(schema)] == lance_order(schema)
 
 
 def test_with_primary_key(tmp_path: Path) -> None:
@@ -774,8 +776,8 @@ def test_with_primary_key(tmp_path: Path) -> None:
         ],
         metadata={"table": "meta"},
     )
-    schema = mi.with_primary_key(base, ["ts", "region", "s.k"])
-    assert mi.primary_key(schema) == ["ts", "region", "s.k"]
+    schema = bm.with_primary_key(base, ["ts", "region", "s.k"])
+    assert bm.primary_key(schema) == ["ts", "region", "s.k"]
     assert schema.metadata == {b"table": b"meta"}
     assert schema.field("id").metadata == {b"other": b"kept"}
     assert schema.field("region").metadata == {PK.encode(): b"true", POS.encode(): b"2"}
@@ -795,9 +797,9 @@ def test_with_primary_key(tmp_path: Path) -> None:
     )
     ds = lance.write_dataset(data, str(tmp_path / "t"))
     assert [f.name() for f in ds.lance_schema.unenforced_primary_key()] == ["ts", "region", "k"]
-    assert mi.primary_key(ds.schema) == ["ts", "region", "s.k"]
+    assert bm.primary_key(ds.schema) == ["ts", "region", "s.k"]
     # a single key, and re-keying replaces the old marks
-    assert mi.primary_key(mi.with_primary_key(schema, ["id"])) == ["id"]
+    assert bm.primary_key(bm.with_primary_key(schema, ["id"])) == ["id"]
 
 
 def test_with_primary_key_errors() -> None:
@@ -806,7 +808,7 @@ def test_with_primary_key_errors() -> None:
     )
     for cols in ([], ["a", "a"], ["zz"], ["l"], ["s"]):
         with pytest.raises(SchemaMismatchError):
-            mi.with_primary_key(schema, cols)
+            bm.with_primary_key(schema, cols)
 
 
 def test_lance_refuses_nullable_primary_key() -> None:
@@ -814,7 +816,7 @@ def test_lance_refuses_nullable_primary_key() -> None:
     schema = pa.schema([pa.field("a", pa.int64(), True, {PK: "true"})])
     with pytest.raises(Exception, match="must not be nullable"):
         LanceSchema.from_pyarrow(schema)
-    LanceSchema.from_pyarrow(mi.with_primary_key(schema, ["a"]))
+    LanceSchema.from_pyarrow(bm.with_primary_key(schema, ["a"]))
 
 
 def test_initialize_falls_back_when_pylance_cannot_convert(tmp_path: Path) -> None:
@@ -849,7 +851,7 @@ def test_both_backends(table_uri: str, table_storage_options: dict[str, str] | N
     )
     details, _ = mi.read_details(table_uri, opts)
     assert mi.merged_generations(details) == {shard: 2}
-    assert mi.latest_version(open_storage(table_uri, opts)) == 3
+    assert bm.latest_version(open_storage(table_uri, opts)) == 3
     details.snapshot_ts_millis = 42
     assert mi.replace_details(table_uri, details, 3, opts) == 5  # v4: the entry lease's fence
     assert mi.read_details(table_uri, opts)[0] == details

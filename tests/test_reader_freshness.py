@@ -26,8 +26,8 @@ from support.search_oracle import make_rows
 
 import memwal_df as mw
 from memwal_df.errors import StorageError
+from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.manifest import RegionManifestStore
-from memwal_df.format.storage import LocalStorage
 from memwal_df.read.snapshot import _latest_manifest
 
 GUARANTEE = "reader freshness"

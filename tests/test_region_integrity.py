@@ -31,8 +31,8 @@ import memwal_df as mw
 from memwal_df import errors
 from memwal_df.cli import Exit, main
 from memwal_df.format import memwal_index
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.regions.spec import RegionSpec, lance_field_ids
-from memwal_df.format.storage import open_storage
 
 GUARANTEE = "one key, one region"
 SCHEMA = pa.schema(

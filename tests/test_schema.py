@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from memwal_df.errors import MissingColumnsError, NullPrimaryKeyError, SchemaMismatchError
 from memwal_df.format.regions.spec import lance_field_ids
+from memwal_df.format.rows import TOMBSTONE, wal_schema
 from memwal_df.format.schema import (
     TableSchema,
     check_keys,
@@ -27,7 +28,6 @@ from memwal_df.format.schema import (
     upsert_rows,
     with_tombstone,
 )
-from memwal_df.format.wal import TOMBSTONE, wal_schema
 
 HYP = settings(database=None, deadline=None, max_examples=60)
 PK = "lance-schema:unenforced-primary-key"

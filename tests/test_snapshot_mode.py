@@ -23,7 +23,7 @@ from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
-from memwal_df.format import memwal_index, region_snapshot
+from memwal_df.format import base_manifest, memwal_index, region_snapshot
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
@@ -368,7 +368,7 @@ def test_builds_racing_merges_never_lose_merge_progress(tmp_path, inline_thresho
     # Merge progress never goes backwards, in any version (the entry lease keeps merges out of a
     # builder's commit window; before it, Lance rebased the builder's entry over a merge).
     last: dict[uuid.UUID, int] = {}
-    for version in range(1, memwal_index.latest_version(table.storage) + 1):
+    for version in range(1, base_manifest.latest_version(table.storage) + 1):
         found = memwal_index.read_details(table.uri, version=version)
         merged = memwal_index.merged_generations(found[0]) if found else {}
         assert all(merged.get(r, 0) >= g for r, g in last.items()), f"version {version} went back"

@@ -1,4 +1,4 @@
-"""memwal_df.format.storage on both backends: local files and S3 (a real moto server on 127.0.0.1)."""
+"""memwal_df.format storage on both backends: local files and S3 (a real moto server on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,13 @@ import pytest
 from botocore.exceptions import ClientError
 from obstore.exceptions import AlreadyExistsError
 
-import memwal_df.format.storage as storage_mod
+import memwal_df.format.local_storage as local_mod
+import memwal_df.format.object_storage as object_mod
 from memwal_df.errors import NotFoundError, StorageError
-from memwal_df.format.storage import LocalStorage, ObjectStorage, Storage, obstore_options, open_storage
+from memwal_df.format.local_storage import LocalStorage
+from memwal_df.format.object_storage import ObjectStorage, obstore_options
+from memwal_df.format.open_storage import open_storage
+from memwal_df.format.storage import Storage
 
 
 @pytest.fixture
@@ -31,8 +35,8 @@ def publish(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """Local publishing through an unnamed O_TMPFILE, or through a named temp file (the fallback for
     file systems without O_TMPFILE)."""
     if request.param == "named":
-        monkeypatch.setattr(storage_mod, "_unnamed_files", False)
-    elif not storage_mod._unnamed_files:
+        monkeypatch.setattr(local_mod, "_unnamed_files", False)
+    elif not local_mod._unnamed_files:
         pytest.skip("this file system has no O_TMPFILE")
     return request.param
 
@@ -322,13 +326,13 @@ def test_reader_never_sees_a_partial_object(st, publish):
 def test_local_publish_protocol_fsyncs_data_then_directory(tmp_path, monkeypatch, publish):
     st = open_storage(str(tmp_path / "t"))
     calls: list[str] = []
-    real_datasync, real_fsync = storage_mod._datasync, os.fsync
+    real_datasync, real_fsync = local_mod._datasync, os.fsync
 
     def fsync(fd: int) -> None:  # directories are fsync'd; record which one
         calls.append(os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path))
         real_fsync(fd)
 
-    monkeypatch.setattr(storage_mod, "_datasync", lambda fd: (calls.append("data"), real_datasync(fd))[1])
+    monkeypatch.setattr(local_mod, "_datasync", lambda fd: (calls.append("data"), real_datasync(fd))[1])
     monkeypatch.setattr(os, "fsync", fsync)
     assert st.put_if_not_exists("_mem_wal/r/wal/1.arrow", b"x")
     # new directories are made durable in their parents, then the data, then the new entry
@@ -376,7 +380,7 @@ def test_local_no_temp_files_left_on_errors(tmp_path, monkeypatch, publish):
     def fail_sync(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(storage_mod, "_datasync", fail_sync)
+    monkeypatch.setattr(local_mod, "_datasync", fail_sync)
     with pytest.raises(StorageError, match="wal/new") as ei:
         st.put_if_not_exists("wal/new", b"data")
     assert not isinstance(ei.value, NotFoundError) and ei.value.errno == 5
@@ -387,7 +391,7 @@ def test_local_no_temp_files_left_on_errors(tmp_path, monkeypatch, publish):
     def fail_write(fd: int, data: bytes) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(storage_mod, "_write_all", fail_write)
+    monkeypatch.setattr(local_mod, "_write_all", fail_write)
     with pytest.raises(StorageError, match="No space left"):
         st.put_if_not_exists("wal/new", b"data")
     monkeypatch.undo()
@@ -550,23 +554,23 @@ def test_s3_region_defaults_like_lance(monkeypatch):
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     config = {"aws_endpoint": "http://127.0.0.1:9"}
-    storage_mod._default_s3_region("b", config)
+    object_mod._default_s3_region("b", config)
     assert config["region"] == "us-west-2"
     config = {"aws_endpoint": "http://127.0.0.1:9", "aws_region": "eu-central-1"}
-    storage_mod._default_s3_region("b", config)
+    object_mod._default_s3_region("b", config)
     assert "region" not in config
 
 
 def test_retried_conditional_put_recognises_its_own_write(monkeypatch):
     """A PUT that object_store retried can get 412 for its own first attempt: then it is ours."""
     st = open_storage(f"memory:///{uuid.uuid4()}")
-    real_put = storage_mod.obs.put
+    real_put = object_mod.obs.put
 
     def put_then_412(store, key, data, **kw):
         real_put(store, key, data, **kw)
         raise AlreadyExistsError(f"Object at location {key} already exists ... retries: 1, max_retries: 10")
 
-    monkeypatch.setattr(storage_mod.obs, "put", put_then_412)
+    monkeypatch.setattr(object_mod.obs, "put", put_then_412)
     assert st.put_if_not_exists("a", b"mine") is True
     monkeypatch.undo()
     assert st.put_if_not_exists("a", b"theirs") is False

@@ -18,17 +18,11 @@ from hypothesis import strategies as st
 from memwal_df.errors import CorruptWalEntryError
 from memwal_df.format import layout
 from memwal_df.format.manifest import RegionManifestStore, new_manifest
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.regions.spec import lance_field_ids
-from memwal_df.format.storage import Storage, open_storage
-from memwal_df.format.wal import (
-    TOMBSTONE,
-    Wal,
-    WalEntry,
-    decode_entry,
-    encode_entry,
-    encode_fence_sentinel,
-    wal_schema,
-)
+from memwal_df.format.rows import TOMBSTONE, wal_schema
+from memwal_df.format.storage import Storage
+from memwal_df.format.wal import Wal, WalEntry, decode_entry, encode_entry, encode_fence_sentinel
 
 PK = "lance-schema:unenforced-primary-key"
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"

@@ -286,16 +286,16 @@ def test_backpressure_blocks_then_times_out_with_a_clear_error(manual_table, mon
     """Writes block while unflushed bytes exceed the limit and fail with a typed error after the timeout."""
     import threading
 
-    from memwal_df.write import region_writer as region
+    from memwal_df.write import flush
 
     release = threading.Event()
-    real = region.write_generation
+    real = flush.write_generation
 
     def slow_write_generation(*args, **kwargs):  # a stalled store: the flush cannot finish
         release.wait(30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(region, "write_generation", slow_write_generation)
+    monkeypatch.setattr(flush, "write_generation", slow_write_generation)
     w = manual_table.region_writer(
         uuid.uuid4(), max_memtable_rows=10, max_unflushed_memtable_bytes=1, backpressure_timeout_s=0.3
     )

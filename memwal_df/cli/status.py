@@ -7,7 +7,7 @@ import datetime
 from typing import Any
 
 from memwal_df.cli import common as c
-from memwal_df.format import memwal_index
+from memwal_df.format import base_manifest, memwal_index
 from memwal_df.table import RegionStatus, Table
 
 
@@ -43,7 +43,7 @@ def collect(table: Table, check_wal: bool = True) -> dict[str, Any]:
     return {
         **c.plain(st),
         "region_spec_text": table.spec_text(),
-        "indexes": sorted({m.name for m in memwal_index.read_index_section(table.storage)[1]}),
+        "indexes": sorted({m.name for m in base_manifest.read_index_section(table.storage)[1]}),
         "region_snapshot_ms": table.details.snapshot_ts_millis or None,  # the last build-index
         "regions": regions,
     }

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import lance
 import numpy as np
 
-from memwal_df.format.memwal_index import read_index_section
+from memwal_df.format.base_manifest import read_index_section
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import Storage
 from memwal_df.format.wire import read_varint

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import MissingColumnsError, NullPrimaryKeyError, SchemaMismatchError
-from memwal_df.format.wal import wal_schema
+from memwal_df.format.rows import wal_schema
 
 
 @dataclass(frozen=True)

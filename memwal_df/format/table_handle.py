@@ -19,9 +19,10 @@ from typing import Any
 import lance
 
 from memwal_df.errors import NonKeyRegionColumnError, RegionRoutingError, StorageError, TableNotFoundError
-from memwal_df.format import layout, memwal_index
+from memwal_df.format import base_manifest, layout, memwal_index
 from memwal_df.format.maintained_indexes import MaintainedIndex, resolve_maintained_indexes
 from memwal_df.format.manifest import region_id_of
+from memwal_df.format.open_storage import open_storage
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec, lance_field_ids, non_key_columns, non_key_message
 from memwal_df.format.regions.values import (
@@ -30,7 +31,7 @@ from memwal_df.format.regions.values import (
     result_arrow_type,
 )
 from memwal_df.format.schema import TableSchema
-from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.storage import Storage
 
 
 class TableHandle:
@@ -63,7 +64,7 @@ class TableHandle:
         self._opened_version = ds.version
         self._session = ds.session()
         self.details = found[0]
-        pk = memwal_index.primary_key(ds.schema)
+        pk = base_manifest.primary_key(ds.schema)
         self.schema = TableSchema(ds.schema, tuple(pk), lance_field_ids(ds))
         specs = sorted(self.details.sharding_specs, key=lambda s: s.spec_id)
         self.spec = RegionSpec.from_proto(specs[-1]) if specs else None

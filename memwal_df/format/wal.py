@@ -1,10 +1,11 @@
 """The write-ahead log of a region: one Arrow IPC stream file per WAL entry, positions from 1.
 
-An entry holds one or more record batches of the table's columns plus `_tombstone: bool not null`,
-with schema metadata `{"generation": g, "writer_epoch": e}` (decimal strings). A fence sentinel entry
-has an empty schema, no batches and metadata `{"fence_sentinel": "true", "writer_epoch": e}`; replay
-skips it. Entries are published with put-if-not-exists, so position N+1 never exists before N and a
-writer that finds its position taken knows a newer writer fenced it.
+An entry holds one or more record batches of stored rows (`rows.wal_schema`: the table's columns
+plus `_tombstone: bool not null`), with schema metadata `{"generation": g, "writer_epoch": e}`
+(decimal strings). A fence sentinel entry has an empty schema, no batches and metadata
+`{"fence_sentinel": "true", "writer_epoch": e}`; replay skips it. Entries are published with
+put-if-not-exists, so position N+1 never exists before N and a writer that finds its position taken
+knows a newer writer fenced it.
 
 Guarantees: `decode_entry` either returns the exact batches that were encoded or raises
 `CorruptWalEntryError` naming the file; it never returns part of an entry.
@@ -22,13 +23,12 @@ import pyarrow.ipc as ipc
 
 from memwal_df.errors import CorruptWalEntryError, NotFoundError
 from memwal_df.format import layout
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Blob, Storage
 
-TOMBSTONE = "_tombstone"
 GENERATION_KEY = b"generation"
 EPOCH_KEY = b"writer_epoch"
 SENTINEL_KEY = b"fence_sentinel"
-FIELD_ID_KEY = b"lance:field_id"
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _DECIMAL_RE = re.compile(rb"[0-9]{1,20}")
 _U64_MAX = (1 << 64) - 1
@@ -47,18 +47,6 @@ class WalEntry:
     @property
     def num_rows(self) -> int:
         return sum(b.num_rows for b in self.batches)
-
-
-def wal_schema(table_schema: pa.Schema, field_ids: dict[str, int]) -> pa.Schema:
-    """The schema of WAL entries (and flushed generations): the table's columns with their
-    `lance:field_id` metadata, then `_tombstone: bool not null`."""
-    fields = []
-    for f in table_schema:
-        meta = dict(f.metadata or {})
-        meta[FIELD_ID_KEY] = str(field_ids[f.name]).encode()
-        fields.append(f.with_metadata(meta))
-    fields.append(pa.field(TOMBSTONE, pa.bool_(), nullable=False))
-    return pa.schema(fields)
 
 
 def _has_dictionary(t: pa.DataType) -> bool:

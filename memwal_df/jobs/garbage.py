@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import lance
 
 from memwal_df.errors import CorruptRegionsError, InvalidConfigError, TableNotFoundError
-from memwal_df.format import layout, lease, memwal_index
+from memwal_df.format import base_manifest, layout, lease, memwal_index
 from memwal_df.format.manifest import RegionManifestStore, next_version
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import Storage
@@ -143,7 +143,7 @@ def _existing_maintained_indexes(
     table: TableHandle, details: pb.MemWalIndexDetails, version: int
 ) -> set[str]:
     """Names of the maintained indexes that exist on the base table at `version`."""
-    _, entries = memwal_index.read_index_section(table.storage, version)
+    _, entries = base_manifest.read_index_section(table.storage, version)
     return maintained_index_names(details, {e.name for e in entries})
 
 

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING
 
 from memwal_df.errors import CorruptRegionsError, StorageError
 from memwal_df.format import memwal_index, region_snapshot
+from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.manifest import RegionManifestStore, next_version, region_id_of
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.storage import LocalStorage, Storage
+from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.jobs.repair import each_region
 

@@ -13,7 +13,7 @@ Guarantees:
   pass commits from a pinned base version `R` at which the generation is unmerged, without Lance's
   conflict retries (Lance would re-execute it on a newer version, past that check); pass 2 first waits
   until no MemWAL index-entry writer holds the entry lease (`entry_lease.admit`). Index-entry commits
-  then never lower progress (see `memwal_df/entry_lease.py`), so progress at `R` is the highest any
+  then never lower progress (see `memwal_df/format/entry_lease.py`), so progress at `R` is the highest any
   version recorded, and Lance's "Stale SSTable compaction" check (marker not above the newest
   recorded one) makes a marker commit the first and only one for its generation. The merger takes
   "Stale" as "another merger got there first" and goes on; a lost race pins a new version and checks
@@ -52,6 +52,7 @@ from memwal_df.errors import (
 )
 from memwal_df.format import entry_lease, layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.jobs.repair import each_region
 from memwal_df.read.cache import described_indices
@@ -59,7 +60,6 @@ from memwal_df.read.cache import described_indices
 if TYPE_CHECKING:
     from memwal_df.format.table_handle import TableHandle
 
-TOMBSTONE = "_tombstone"
 MAX_ATTEMPTS = 50  # tries per generation when its commits keep losing races (each loss: another commit)
 _BACKOFF = (0.005, 0.5)  # seconds: first and longest cap of the random wait after a lost race
 _STALE_MARKER = "Stale SSTable compaction"

@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import MemWalError
 from memwal_df.format import memwal_index
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.cache import ImmutableCache, described_indices
 from memwal_df.read.keys import KeySet, key_array
 from memwal_df.read.levels import GenerationLevel

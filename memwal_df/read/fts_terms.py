@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.tokenizer import Tokenizer
-from memwal_df.format.wal import TOMBSTONE
 from memwal_df.read.keys import KeySet, key_array
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.newer_levels import NewerLevels

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.format.pk_index import encode_composite_keys
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 
 __all__ = [
     "TOMBSTONE",

@@ -35,11 +35,12 @@ import pyarrow as pa
 
 from memwal_df.errors import CorruptManifestError, InvalidConfigError
 from memwal_df.format import layout, memwal_index, region_snapshot
+from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import TableSchema, conform
-from memwal_df.format.storage import LocalStorage, Storage
+from memwal_df.format.storage import Storage
 from memwal_df.pools import shared_pool
 from memwal_df.read.cache import PerObjectCache
 from memwal_df.read.keys import distinct_keys

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import InvalidConfigError
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
 from memwal_df.read.newer_levels import NewerLevels
 

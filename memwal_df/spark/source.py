@@ -50,7 +50,8 @@ from pyspark.sql.types import StructType
 
 from memwal_df.errors import InvalidConfigError
 from memwal_df.format import lease
-from memwal_df.format.storage import Storage, open_storage
+from memwal_df.format.open_storage import open_storage
+from memwal_df.format.storage import Storage
 from memwal_df.read.predicate import column_predicates
 from memwal_df.read.scan_planner import Partition, plan_scan
 from memwal_df.read.snapshot import PinnedSnapshot, pin, restore, take_snapshot

@@ -41,8 +41,8 @@ from memwal_df.format import layout
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.pk_index import write_pk_index
 from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.rows import FIELD_ID_KEY, TOMBSTONE
 from memwal_df.format.storage import Storage
-from memwal_df.format.wal import FIELD_ID_KEY, TOMBSTONE
 from memwal_df.format.wire import encode_varint, read_varint
 from memwal_df.pools import shared_pool
 from memwal_df.write.generation_indexes import write_generation_indexes

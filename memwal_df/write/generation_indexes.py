@@ -12,7 +12,7 @@ from typing import Any, cast
 import lance
 
 from memwal_df.format.maintained_indexes import MaintainedIndex, ScalarIndexType
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 
 
 def write_generation_indexes(

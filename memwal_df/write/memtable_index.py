@@ -27,8 +27,8 @@ import pyarrow as pa
 
 from memwal_df.errors import InvalidConfigError
 from memwal_df.format.maintained_indexes import MaintainedIndex
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.tokenizer import Tokenizer
-from memwal_df.format.wal import TOMBSTONE
 
 __all__ = ["MemTableIndexes", "TermRows", "VectorRows"]
 

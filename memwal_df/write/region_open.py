@@ -15,7 +15,8 @@ from memwal_df.errors import RegionRoutingError, UnknownRegionError
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.regions.values import encode_non_null_region_value, result_arrow_type
 from memwal_df.format.table_handle import TableHandle
-from memwal_df.write.region_writer import RegionContext, RegionWriter, WriterConfig
+from memwal_df.write.region_writer import RegionContext, RegionWriter
+from memwal_df.write.writer_config import WriterConfig
 
 
 def open_region_writer(table: TableHandle, region_id: uuid.UUID, config: WriterConfig) -> RegionWriter:

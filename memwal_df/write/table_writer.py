@@ -36,7 +36,8 @@ from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import key_rows, tombstone_rows, upsert_chunks
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.write.region_open import open_routed_writer
-from memwal_df.write.region_writer import RegionWriter, WriterConfig
+from memwal_df.write.region_writer import RegionWriter
+from memwal_df.write.writer_config import WriterConfig
 
 _MAX_PARALLEL_REGIONS = 8
 

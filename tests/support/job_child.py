@@ -31,7 +31,9 @@ import pyarrow as pa
 from lance.dataset import MergeInsertBuilder
 
 import memwal_df as mw
-from memwal_df.format import memwal_index, storage
+from memwal_df.format import memwal_index
+from memwal_df.format.local_storage import LocalStorage
+from memwal_df.format.object_storage import ObjectStorage
 from memwal_df.jobs import index_builder
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.float64())])
@@ -80,10 +82,10 @@ def inject(point: str, k: int) -> None:
         after(gc, "_unlist", lambda m, store, floor: m is not None and floor > 0)
     elif point == "gc_mid_delete":  # inside a generation directory's deletion, file by file
         before(os, "unlink")
-        before(storage.ObjectStorage, "delete", lambda self, path: "_gen_" in path)
-        storage.ObjectStorage.delete_prefix = _one_by_one
+        before(ObjectStorage, "delete", lambda self, path: "_gen_" in path)
+        ObjectStorage.delete_prefix = _one_by_one
     elif point == "gc_mid_wal":  # between two WAL entry deletions
-        for cls in (storage.LocalStorage, storage.ObjectStorage):
+        for cls in (LocalStorage, ObjectStorage):
             after(cls, "delete", lambda r, self, path: "/wal/" in path)
     elif point == "build_after_last_seen":  # the builder advanced a region's wal_entry_position_last_seen
         after(index_builder, "_region_state", lambda state, *a: state[1])

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import MissingGenerationError
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.keys import KeySet, key_array
 from memwal_df.read.snapshot import RegionLevels

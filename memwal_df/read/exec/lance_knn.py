@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.format.wal import TOMBSTONE
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.exec.knn import KnnExec
 from memwal_df.read.exec.ranked import POSITION, grow
 from memwal_df.read.fragments import take_addresses
