@@ -337,7 +337,7 @@ def create_table(
         schema=schema,
         mode="create",
         storage_options=storage_options or None,
-        data_storage_version=data_storage_version,
+        data_storage_version=data_storage_version,  # type: ignore[arg-type]  # lance checks the name at run time
     )
     try:
         if lance_field_ids(ds) != field_ids:

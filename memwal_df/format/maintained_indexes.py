@@ -32,13 +32,14 @@ from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import Storage
 from memwal_df.format.wire import read_varint
 
-__all__ = ["MaintainedIndex", "resolve_maintained_indexes"]
+__all__ = ["MaintainedIndex", "ScalarIndexType", "resolve_maintained_indexes"]
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["vector", "inverted", "scalar"]
+ScalarIndexType = Literal["INVERTED", "BTREE", "BITMAP"]  # the type of an "inverted" or "scalar" index
 _VECTOR_TYPES = ("IVF_PQ", "IVF_FLAT")
-_SCALAR_TYPES = {"btree": "BTREE", "bitmap": "BITMAP"}
+_SCALAR_TYPES: dict[str, ScalarIndexType] = {"btree": "BTREE", "bitmap": "BITMAP"}
 _FLOAT32 = 2  # lance.index.pb.Tensor.DataType
 # Inverted-index settings that `create_scalar_index` takes back (the rest of the details are derived).
 _INVERTED_PARAMS = (
@@ -66,7 +67,7 @@ class MaintainedIndex:
     name: str
     column: str
     kind: Kind
-    index_type: str  # Lance's create_index type: IVF_PQ, IVF_FLAT, INVERTED, BTREE, BITMAP
+    index_type: Literal["IVF_PQ", "IVF_FLAT"] | ScalarIndexType  # Lance's create_index type
     metric: str | None = None
     centroids: np.ndarray | None = None  # (partitions, dim) float32
     codebook: np.ndarray | None = None  # (sub_vectors, 256, sub_dim) float32

@@ -75,8 +75,8 @@ def _native_writer_kwargs(defaults: dict[str, str]) -> dict[str, Any] | None:
         return {}
     kwargs: dict[str, Any] = {}
     rest = dict(defaults)
-    for key, value in _WRITER_FIXED.items():
-        if rest.pop(key, None) != value:
+    for key, fixed in _WRITER_FIXED.items():
+        if rest.pop(key, None) != fixed:
             return None
     durable = _BOOL_TEXT.get(rest.pop("durable_write", ""))
     if durable is None:

@@ -87,7 +87,8 @@ def _config_key_known(scheme: str, key: str) -> bool:
     """Whether obstore's store for `scheme` accepts config key `key` (object_store's own key parser,
     the one Lance uses). Lance silently ignores keys its store does not know; so do we."""
     try:
-        from_url(f"{scheme}://memwal-probe", config={key: "x"})
+        # obstore types `config` per literal scheme; this scheme is known at run time only
+        from_url(f"{scheme}://memwal-probe", config={key: "x"})  # type: ignore[call-overload]
     except UnknownConfigurationKeyError:
         return False
     except Exception:  # known key, probe value or missing settings rejected: fine
@@ -324,11 +325,12 @@ def open_object_storage(uri: str, storage_options: dict[str, str] | None = None)
     if scheme in _S3_SCHEMES:
         _default_s3_region(parts.netloc, config)
     try:
+        # obstore types its options as TypedDicts per scheme; these are Lance-style text options
         store = from_url(
             f"{scheme}://{parts.netloc}",
-            config=config or None,
-            client_options=client or None,
-            retry_config=retry or None,
+            config=config or None,  # type: ignore[arg-type]
+            client_options=client or None,  # type: ignore[arg-type]
+            retry_config=retry or None,  # type: ignore[arg-type]
         )
     except Exception as e:
         raise StorageError(f"cannot open storage at {norm_uri}: {_first_line(e)}") from e

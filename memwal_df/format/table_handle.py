@@ -25,7 +25,11 @@ from memwal_df.format.manifest import region_id_of
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec, lance_field_ids, non_key_columns, non_key_message
-from memwal_df.format.regions.values import decode_region_value, encode_region_value, result_arrow_type
+from memwal_df.format.regions.values import (
+    decode_region_value,
+    encode_non_null_region_value,
+    result_arrow_type,
+)
 from memwal_df.format.schema import TableSchema
 from memwal_df.format.storage import Storage
 
@@ -38,7 +42,8 @@ class TableHandle:
         self.storage: Storage = open_storage(uri, storage_options)
         self.uri = self.storage.uri
         self.storage_options = dict(storage_options or {})
-        self._session: lance.Session | None = None  # Lance's index/metadata caches, kept across refreshes
+        # Lance's index/metadata caches, kept across refreshes (lance leaves Session out of its __all__)
+        self._session: lance.Session | None = None  # type: ignore[name-defined]
         self._region_keys: dict[uuid.UUID, tuple[int, tuple[Any, ...] | None]] = {}
         self._maintained: tuple[int, tuple[MaintainedIndex, ...]] = (-1, ())
         self.refresh()
@@ -145,7 +150,9 @@ class TableHandle:
         for f, v in zip(spec.fields, values, strict=True):
             digest.update(f.field_id.encode() + b"\x00")
             digest.update(
-                b"\x00" if v is None else b"\x01" + encode_region_value(v, result_arrow_type(f.result_type))
+                b"\x00"
+                if v is None
+                else b"\x01" + encode_non_null_region_value(v, result_arrow_type(f.result_type))
             )
         return uuid.UUID(bytes=digest.digest()[:16], version=4)
 

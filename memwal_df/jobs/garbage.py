@@ -119,7 +119,8 @@ def removable_generations(
     except (ValueError, OSError):
         return nothing  # a version was cleaned up while Lance listed them: retry on the next run
     oldest = versions[0]
-    if oldest["version"] > 1 and oldest["timestamp"].timestamp() > time.time() - grace.total_seconds():
+    # lance types a version's "timestamp" int | datetime; versions() converts every one to a datetime
+    if oldest["version"] > 1 and oldest["timestamp"].timestamp() > time.time() - grace.total_seconds():  # type: ignore[union-attr]
         return nothing
     merged_per_version = []
     for v in versions:
@@ -129,10 +130,11 @@ def removable_generations(
             return nothing  # cleaned up while we read: retry on the next run
         if found is None:
             return nothing
-        merged_per_version.append(memwal_index.merged_generations(found[0]))
+        details = found[0]
+        merged_per_version.append(memwal_index.merged_generations(details))
     floors = {r: min(m.get(r, 0) for m in merged_per_version) for r in regions}
-    catchup = memwal_index.index_catchup(found[0])
-    for name in _existing_maintained_indexes(table, found[0], versions[-1]["version"]):
+    catchup = memwal_index.index_catchup(details)  # the newest version's
+    for name in _existing_maintained_indexes(table, details, versions[-1]["version"]):
         floors = {r: min(g, catchup.get(name, {}).get(r, 0)) for r, g in floors.items()}
     return floors
 

@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import lance
-from lance.dataset import CleanupStats
+from lance import CleanupStats
 
 from memwal_df.errors import CommitConflictError, CorruptRegionsError, InvalidConfigError
 from memwal_df.jobs import garbage, index_builder, index_catchup, merger

@@ -57,7 +57,7 @@ def selects_keys_only(node: Node | None, key_schema: pa.Schema) -> bool:
         return False
     if not isinstance(column, Field) or column.path or column.name not in key_schema.names:
         return False
-    return found == key_schema.field(column.name).type
+    return bool(found == key_schema.field(column.name).type)
 
 
 def _decoded(filter: Any, key_schema: pa.Schema) -> Node | None:
@@ -199,12 +199,12 @@ class MemWalTable(pds.Dataset):
         node = _decoded(filter, ts.key_schema)
         keys = key_lookups(node, ts.primary_key)
         if keys is None:
-            snapshot = take_snapshot(self.table, self.consistency, self.writer)  # type: ignore[arg-type]
+            snapshot = take_snapshot(self.table, self.consistency, self.writer)
             return plan_scan(snapshot, self.table.specs, filter, column_predicates(filter))
         snapshot = take_snapshot(
             self.table,
             self.consistency,
-            self.writer,  # type: ignore[arg-type]
+            self.writer,
             keys=_key_table(keys, ts.key_schema),
         )
         # The snapshot holds the keys conformed and deduplicated: handing that very table on spares

@@ -28,16 +28,19 @@ _whole: PerObjectCache[lance.LanceDataset, dict[int, bool]] = PerObjectCache()
 def fragment_take(
     ds: lance.LanceDataset, fragment_id: int, offsets: np.ndarray, columns: Sequence[str]
 ) -> pa.Table:
-    """The rows at `offsets` (strictly increasing) among the visible rows of fragment `fragment_id`,
-    read through a `FragmentSession` kept per dataset object, fragment and column list (it keeps the
-    file readers open: a take costs about half of `_take_rows`)."""
+    """The rows at `offsets` (strictly increasing) among the visible rows of fragment `fragment_id`
+    (one of `ds`'s fragments: every caller takes the id from `ds`), read through a `FragmentSession`
+    kept per dataset object, fragment and column list (it keeps the file readers open: a take costs
+    about half of `_take_rows`)."""
     sessions = _sessions.get(ds, dict)
     key = (fragment_id, tuple(columns))
     session = sessions.get(key)
     if session is None:
         if len(sessions) >= _MAX_SESSIONS:
             sessions.clear()
-        session = sessions[key] = ds.get_fragment(fragment_id).open_session(list(columns))
+        fragment = ds.get_fragment(fragment_id)
+        assert fragment is not None, f"fragment {fragment_id} is not one of the dataset's"
+        session = sessions[key] = fragment.open_session(list(columns))
     return session.take(pa.array(offsets, pa.uint64()))
 
 

@@ -22,6 +22,7 @@ level's keys are located among the level's sorted keys, and the answer for a pai
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,7 +187,7 @@ def live_documents(index: Terms, newer: NewerLevels, owner: str | None) -> np.nd
         if key_set is None:
             continue
         if owner is not None and isinstance(level, GenerationLevel):
-            hits = level.cached(f"hides-in:{owner}", lambda ks=key_set: index.positions_of(ks))
+            hits = level.cached(f"hides-in:{owner}", functools.partial(index.positions_of, key_set))
         else:
             hits = index.positions_of(key_set)
         live[hits] = False

@@ -57,7 +57,7 @@ def cached_rows(
     being loaded, starts loading one in the background."""
     found = GENERATIONS.peek(level.uri, _NAME)
     if found is not None:
-        return None if found is _NOT_KEPT else found  # type: ignore[no-any-return]
+        return None if found is _NOT_KEPT else found
     with _lock:
         if level.uri in _loading or _limit() == 0:
             return None

@@ -14,6 +14,7 @@ other key (strings, binaries, booleans, composite keys) as an Arrow array probed
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -65,7 +66,7 @@ _DENSE_BYTES_PER_KEY = 16  # a lookup table may cost this many bytes per key in 
 class KeySet:
     """An immutable set of primary keys."""
 
-    _table: tuple[int, np.ndarray] | bool | None = None  # see `_dense`
+    _table: tuple[int, np.ndarray] | Literal[False] | None = None  # see `_dense`
 
     def __init__(self, keys: pa.Array, key_type: pa.DataType | None = None) -> None:
         t = key_type or keys.type

@@ -158,7 +158,7 @@ class MemTableLevel(Level):
     def memo(self, name: str, compute: Callable[[], T]) -> T:
         if name not in self._memo:
             self._memo[name] = compute()
-        return self._memo[name]  # type: ignore[no-any-return]
+        return self._memo[name]
 
     def to_table(
         self,
@@ -195,10 +195,10 @@ class GenerationLevel(Level):
         return GENERATIONS.get(self.uri, name, compute, size)
 
     def memo(self, name: str, compute: Callable[[], T]) -> T:
-        return self.cached(name, compute)  # type: ignore[no-any-return]
+        return self.cached(name, compute)
 
     def key_set_in_memory(self, primary_key: Sequence[str]) -> KeySet | None:
-        return GENERATIONS.get(self.uri, _key_set_name(primary_key), lambda: None)  # type: ignore[no-any-return]
+        return GENERATIONS.get(self.uri, _key_set_name(primary_key), lambda: None)
 
     def dataset(self) -> lance.LanceDataset | None:
         """The generation's Lance dataset; None (and `missing` set) if it was garbage-collected."""
@@ -274,7 +274,7 @@ class GenerationLevel(Level):
         indices = pa.array(np.asarray(positions, dtype=np.int64))
         resident = self.cached(f"resident rows:{','.join(columns)}", lambda: self._resident(columns))
         if resident is not _TOO_LARGE:
-            return resident.take(indices)  # type: ignore[no-any-return]
+            return resident.take(indices)
         ds = self.dataset()
         if ds is None:
             raise MissingGenerationError(f"{self.name} was garbage-collected while it was searched")

@@ -55,12 +55,12 @@ class NewerLevels:
         owner = generations[0]
         union = GENERATIONS.get(owner.uri, name, lambda: None)
         if union is not None:
-            return union  # type: ignore[no-any-return]
+            return union
         sets = [lv.key_set_in_memory(self.primary_key) for lv in generations]
         if any(key_set is None for key_set in sets):
             return None
         arrays = [key_set.to_array() for key_set in sets if key_set is not None]
-        return owner.cached(name, lambda: KeySet.union(arrays, self.key_type))  # type: ignore[no-any-return]
+        return owner.cached(name, lambda: KeySet.union(arrays, self.key_type))
 
     def stale(self, rows: pa.Table) -> np.ndarray:
         """Bool per row (its key columns): a newer level holds the row's key."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -301,16 +301,16 @@ def _facts(node: Node) -> _Facts | _Nothing:
         arg = node.args[0]
         return {arg.name: [Eq(False)]} if isinstance(arg, Field) and not arg.path else {}
     if node.function == "is_in":
-        arg = node.args[0] if node.args else None
+        operand = node.args[0] if node.args else None
         sv = value_set(node)
-        if sv is None or not isinstance(arg, Field) or arg.path:
+        if sv is None or not isinstance(operand, Field) or operand.path:
             return {}
         values, has_null, behavior = sv
         if has_null and behavior == NullMatching.MATCH:
             return {}  # NULL rows match too
         if not values:
             return _NOTHING
-        return {arg.name: [_point_predicate(values)]}
+        return {operand.name: [_point_predicate(values)]}
     fl = _field_literal(node)
     if fl is None or fl[1].path:
         return {}
@@ -320,13 +320,14 @@ def _facts(node: Node) -> _Facts | _Nothing:
         return {}
     if lit.is_null or (fn != "not_equal" and _is_nan(v)):
         return _NOTHING  # NULL compares to NULL; NaN compares false
-    pred = {
+    comparisons: dict[str, Callable[[], Predicate]] = {
         "equal": lambda: Eq(v),
         "less": lambda: Range(hi=v, hi_inclusive=False),
         "less_equal": lambda: Range(hi=v, hi_inclusive=True),
         "greater": lambda: Range(lo=v, lo_inclusive=False),
         "greater_equal": lambda: Range(lo=v, lo_inclusive=True),
-    }.get(fn)
+    }
+    pred = comparisons.get(fn)
     return {col.name: [pred()]} if pred is not None else {}
 
 

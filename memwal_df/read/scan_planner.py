@@ -34,7 +34,7 @@ from memwal_df.read.exec.dedup import DeduplicateExec, LevelKeys
 from memwal_df.read.exec.union import UnionExec
 from memwal_df.read.keys import KeySet
 from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
-from memwal_df.read.spans import base_spans
+from memwal_df.read.spans import BaseSpan, base_spans
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
 
@@ -111,15 +111,13 @@ def plan_scan(
     keys = [LevelKeys(r, pk, ktype) for r in regions if r.levels]
     shadow = _SharedKeys(keys, ktype)
     index = plan.index if plan is not None else ""
-    out = [
-        Partition(
-            f"region {k.region.region_id}",
-            lambda cols, k=k: DeduplicateExec(
-                k, cols, filter, snapshot.schema.schema, len(gap.get(k.region.region_id, [])), index
-            ),
+
+    def region_scan(k: LevelKeys) -> MakeNode:
+        return lambda cols: DeduplicateExec(
+            k, cols, filter, snapshot.schema.schema, len(gap.get(k.region.region_id, [])), index
         )
-        for k in keys
-    ]
+
+    out = [Partition(f"region {k.region.region_id}", region_scan(k)) for k in keys]
     scanned = None if plan is None else set(plan.scanned)
     fragments = [
         (f.fragment_id, f.metadata.physical_rows)
@@ -127,13 +125,12 @@ def plan_scan(
         if scanned is None or f.fragment_id in scanned
     ]
     note = _note(coverage)
+
+    def base_scan(span: BaseSpan) -> MakeNode:
+        return lambda cols: AntiJoinScanExec(snapshot.base, span, pk, cols, filter, shadow, note)
+
     for span in base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS):
-        out.append(
-            Partition(
-                f"base {span.describe()}",
-                lambda cols, span=span: AntiJoinScanExec(snapshot.base, span, pk, cols, filter, shadow, note),
-            )
-        )
+        out.append(Partition(f"base {span.describe()}", base_scan(span)))
     if not out:  # DataFusion's plans need at least one partition (a sort over none is rejected)
         out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out

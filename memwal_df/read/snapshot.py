@@ -289,7 +289,7 @@ def check_consistency(mode: str) -> Consistency:
     """`mode` if it is a consistency mode, else `InvalidConfigError`."""
     if mode not in CONSISTENCY_MODES:
         raise InvalidConfigError(f"unknown consistency mode {mode!r}; expected one of {CONSISTENCY_MODES}")
-    return mode  # type: ignore[return-value]
+    return mode
 
 
 def _region_values(table: TableHandle, region_id: uuid.UUID, m: pb.ShardManifest) -> tuple[Any, ...] | None:

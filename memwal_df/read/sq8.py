@@ -52,7 +52,7 @@ def _compiled() -> Any:
         import numba
 
         @numba.njit(nogil=True, cache=False)
-        def squared_distances(codes, q, excluded, out):  # type: ignore[no-untyped-def]
+        def squared_distances(codes, q, excluded, out):
             n, d = codes.shape
             for i in range(n):
                 if excluded[i]:

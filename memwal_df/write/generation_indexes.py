@@ -7,11 +7,11 @@ its `LsmVectorSearchPlanner`) opens them as ordinary indexes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import lance
 
-from memwal_df.format.maintained_indexes import MaintainedIndex
+from memwal_df.format.maintained_indexes import MaintainedIndex, ScalarIndexType
 from memwal_df.format.rows import TOMBSTONE
 
 
@@ -45,7 +45,8 @@ def write_generation_indexes(
             )
         else:
             params = index.params if index.kind == "inverted" else {}
-            ds.create_scalar_index(index.column, index.index_type, name=index.name, **params)
+            index_type = cast(ScalarIndexType, index.index_type)  # the kind is not "vector"
+            ds.create_scalar_index(index.column, index_type, name=index.name, **params)
 
 
 def _quoted(column: str) -> str:

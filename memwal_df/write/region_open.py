@@ -13,9 +13,10 @@ from typing import Any
 
 from memwal_df.errors import RegionRoutingError, UnknownRegionError
 from memwal_df.format.manifest import RegionManifestStore
-from memwal_df.format.regions.values import encode_region_value, result_arrow_type
+from memwal_df.format.regions.values import encode_non_null_region_value, result_arrow_type
 from memwal_df.format.table_handle import TableHandle
-from memwal_df.write.region_writer import RegionContext, RegionWriter, WriterConfig
+from memwal_df.write.region_writer import RegionContext, RegionWriter
+from memwal_df.write.writer_config import WriterConfig
 
 
 def open_region_writer(table: TableHandle, region_id: uuid.UUID, config: WriterConfig) -> RegionWriter:
@@ -59,7 +60,7 @@ def open_routed_writer(
                 "a region for it would stay empty"
             )
     entries = {
-        f.field_id: encode_region_value(v, result_arrow_type(f.result_type))
+        f.field_id: encode_non_null_region_value(v, result_arrow_type(f.result_type))
         for f, v in zip(spec.fields, values, strict=True)
         if v is not None
     }

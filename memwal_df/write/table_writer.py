@@ -135,13 +135,13 @@ class TableWriter:
         if not calls:
             return
         futures = [self._region_pool().submit(fn, *args) for fn, args in calls[1:]]
-        errors = []
+        errors: list[BaseException] = []
         fn, args = calls[0]
         try:
             fn(*args)
         except Exception as e:  # reported once the other regions' calls are done too
             errors.append(e)
-        errors += [e for f in futures if (e := f.exception()) is not None]
+        errors += [error for f in futures if (error := f.exception()) is not None]
         if errors:
             raise errors[0]
 

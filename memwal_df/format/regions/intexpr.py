@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +29,7 @@ from memwal_df.format.murmur3 import is_hashable, murmur3_multi
 
 __all__ = ["Evaluator", "as_array", "compile_int_expression"]
 
-Value = pa.Array | pa.Scalar
+Value: TypeAlias = pa.Array | pa.Scalar
 Evaluator = Callable[[Sequence[pa.Array], int], Value]  # (source columns, number of rows)
 
 _TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<id>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[-+*/%(),]))")

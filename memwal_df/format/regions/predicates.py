@@ -15,7 +15,7 @@ __all__ = ["Eq", "In", "Predicate", "Range", "named_values", "same_value"]
 
 def same_value(a: Any, b: Any) -> bool:
     """SQL equality on non-NULL values, with Arrow's NaN == NaN."""
-    return a == b or (a != a and b != b)
+    return bool(a == b or (a != a and b != b))
 
 
 @dataclass(frozen=True)

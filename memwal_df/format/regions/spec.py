@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -62,6 +62,8 @@ __all__ = [
 DEFAULT_FIELD_ID = "bucket"  # what Lance 14 writes for every transform
 DEFAULT_SPEC_ID = 1
 MAX_NUM_BUCKETS = 1024  # Lance 14's initialize_mem_wal limit; `bucket()` enforces it
+
+_ColumnKey = TypeVar("_ColumnKey", bound=str | int)  # a column name or a Lance field id
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,7 @@ class RegionSpec:
     def prune(
         self,
         region_values: Iterable[Sequence[Any]],
-        predicates_by_column: Mapping[str | int, Predicate | Sequence[Predicate]],
+        predicates_by_column: Mapping[_ColumnKey, Predicate | Sequence[Predicate]],
         field_ids: Mapping[str, int] | None = None,
     ) -> list[tuple[Any, ...]]:
         """The region value tuples (one value per field, as decoded) that may hold matching rows.
@@ -379,8 +381,8 @@ class RegionSpec:
             per_source.append(None if allowed is None else In(allowed))
         if not per_source or any(p is None for p in per_source):
             return []
-        projected = f.transform.project_sources(per_source, types)
-        return [] if projected is None else [projected]
+        combined = f.transform.project_sources(per_source, types)
+        return [] if combined is None else [combined]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -112,8 +112,9 @@ class Transform(ABC):
     def _project_points(
         self, preds: Sequence[Predicate | None], source_types: Sequence[pa.DataType | None]
     ) -> Predicate | None:
-        value_lists = [named_values(p) for p in preds]
-        if not value_lists or any(v is None for v in value_lists):
+        named = [named_values(p) for p in preds]
+        value_lists = [v for v in named if v is not None]
+        if not value_lists or len(value_lists) != len(named):
             return None
         combos = 1
         for v in value_lists:
@@ -143,7 +144,7 @@ def _single(arrays: Sequence[pa.Array], name: str) -> pa.Array:
 
 
 def _is_temporal(t: pa.DataType) -> bool:
-    return pa.types.is_date32(t) or pa.types.is_date64(t) or pa.types.is_timestamp(t)
+    return bool(pa.types.is_date32(t) or pa.types.is_date64(t) or pa.types.is_timestamp(t))
 
 
 def _as_timestamp(a: pa.Array) -> pa.Array:
@@ -250,7 +251,8 @@ def _unit_indices(pred: Range, source_type: pa.DataType | None, unit: str) -> li
     ticks = ts.cast(pa.int64()).to_numpy()
     per_second = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[ts.type.unit]
     step = per_second * (3600 if unit == "h" else 86400)
-    return (ticks // step).tolist()
+    cycles: list[int] = (ticks // step).tolist()
+    return cycles
 
 
 class _Cyclic(_DatePart):
@@ -300,7 +302,8 @@ class Day(_Cyclic):
 
     def _values_in(self, first: int, last: int) -> list[int]:
         days = np.arange(first, last + 1).astype("datetime64[D]")
-        return pc.day(pa.array(days)).to_pylist()
+        values: list[int] = pc.day(pa.array(days)).to_pylist()
+        return values
 
 
 @dataclass(frozen=True)
@@ -318,7 +321,7 @@ class Hour(_Cyclic):
 
 def _is_bucket(value: Any, n: int) -> bool:
     """Whether `value` is one of the buckets 0..n-1 (a bucket is never NULL)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and 0 <= value < n
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(0 <= value < n)
 
 
 def _bucket_of(h: pa.Int32Array, n: int) -> pa.Int32Array:
@@ -399,7 +402,7 @@ class Truncate(Transform):
 
     def can_transform(self, source_types: Sequence[pa.DataType]) -> bool:
         t = source_types[0]
-        return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+        return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t))
 
     def result_type(self, source_types: Sequence[pa.DataType]) -> pa.DataType:
         return source_types[0]

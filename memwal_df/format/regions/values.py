@@ -13,6 +13,7 @@ from memwal_df.errors import InvalidRegionSpecError, RegionRoutingError
 
 __all__ = [
     "decode_region_value",
+    "encode_non_null_region_value",
     "encode_region_value",
     "result_arrow_type",
     "result_type_name",
@@ -135,7 +136,16 @@ def encode_region_value(value: Any, type: pa.DataType | str) -> bytes | None:
         arr = pa.array([value], type=t)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
         raise RegionRoutingError(f"region value {value!r} does not fit type {t}: {e}") from e
-    return arr.buffers()[1].to_pybytes()[:width]
+    data: bytes = arr.buffers()[1].to_pybytes()
+    return data[:width]
+
+
+def encode_non_null_region_value(value: Any, type: pa.DataType | str) -> bytes:
+    """`encode_region_value` of a value known not to be NULL; a NULL `pa.Scalar` raises TypeError."""
+    encoded = encode_region_value(value, type)
+    if encoded is None:
+        raise TypeError(f"region value {value!r} is NULL")
+    return encoded
 
 
 def decode_region_value(data: bytes | None, type: pa.DataType | str) -> Any:

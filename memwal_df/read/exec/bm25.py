@@ -45,6 +45,8 @@ _BASE_INDEXES = ImmutableCache(capacity=2)  # term indexes of pinned base versio
 class Bm25Exec(RankedExec):
     """BM25 ranking of one level's live documents with the global statistics (set before `top`)."""
 
+    schema: pa.Schema  # always known: set by the constructor
+
     def __init__(
         self,
         label: str,
@@ -109,7 +111,7 @@ class Bm25Exec(RankedExec):
         elif filter is None:
             eligible = live
         else:
-            eligible = live & level.filter_mask(filter)  # type: ignore[operator]
+            eligible = live & level.filter_mask(filter)
 
         label = f"{level.label}, live = not in {newer.describe()}"
         label += "" if searchable else " (statistics only)"

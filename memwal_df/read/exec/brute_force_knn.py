@@ -100,7 +100,7 @@ class BruteForceKnnExec(KnnExec):
             return quantized, np.concatenate(excluded)
 
         digest = hashlib.sha256(identity.encode()).hexdigest()
-        return _QUANTIZED_SETS.get(digest, name, build)  # type: ignore[no-any-return]
+        return _QUANTIZED_SETS.get(digest, name, build)
 
     def _excluded(self, excluded: np.ndarray) -> np.ndarray:
         """`excluded`, plus every row that does not match the filter."""

@@ -8,6 +8,8 @@ candidates.
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from memwal_df.read.exec.ranked import RankedExec
 from memwal_df.read.vectors import DISTANCE, KnnQuery
 
@@ -16,6 +18,8 @@ __all__ = ["KnnExec"]
 
 class KnnExec(RankedExec):
     """A KNN operator: the query's fields as attributes, scored by `_distance`."""
+
+    schema: pa.Schema  # always known: set by the constructor
 
     def __init__(self, knn: KnnQuery) -> None:
         self.score = DISTANCE

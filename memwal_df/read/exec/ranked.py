@@ -69,6 +69,8 @@ def grow(
 class TopKExec(ExecNode):
     """The best `k` candidates of all arms by their score, then their rows."""
 
+    schema: pa.Schema  # always known: set by the constructor
+
     def __init__(
         self, arms: Sequence[RankedExec], k: int, by: str, schema: pa.Schema, descending: bool = False
     ) -> None:
