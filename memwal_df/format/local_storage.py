@@ -9,6 +9,7 @@ is created, removed, or left behind by a crash, and the directory fsync has one 
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import re
@@ -255,10 +256,10 @@ class LocalStorage(Storage):
             raise self._error("head", path, e) from e
         return st.st_size if stat.S_ISREG(st.st_mode) else None
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         directory = self._dir_of(prefix)
         rel = check_prefix(prefix)
-        out: list[str] = []
+        out: builtins.list[str] = []
         try:
             self._walk(directory, rel + "/" if rel else "", out)
         except OSError as e:
@@ -266,7 +267,7 @@ class LocalStorage(Storage):
         out.sort()
         return out
 
-    def _walk(self, directory: str, rel: str, out: list[str]) -> None:
+    def _walk(self, directory: str, rel: str, out: builtins.list[str]) -> None:
         try:
             it = os.scandir(directory)
         except (FileNotFoundError, NotADirectoryError):
@@ -278,7 +279,7 @@ class LocalStorage(Storage):
                 elif not _is_temp(entry.name) and entry.is_file():
                     out.append(rel + entry.name)
 
-    def list_dir(self, prefix: str) -> list[str]:
+    def list_dir(self, prefix: str) -> builtins.list[str]:
         directory = self._dir_of(prefix)
         try:
             with os.scandir(directory) as it:

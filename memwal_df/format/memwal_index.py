@@ -201,7 +201,9 @@ def _commit_details(
         name=MEMWAL_INDEX_NAME,
         fields=[],
         dataset_version=dataset_version,
-        fragment_ids=set(),  # pylance cannot omit the bitmap: it writes an empty one (8 bytes)
+        # pylance cannot omit the bitmap (it writes an empty one, 8 bytes); it takes a set where its
+        # annotation names only `Bitmap`
+        fragment_ids=set(),  # type: ignore[arg-type]
         index_version=0,
         created_at=_dt.datetime.now(_dt.UTC),
         index_details=(DETAILS_TYPE_URL, encode_details(details)),
@@ -212,7 +214,7 @@ def _commit_details(
             name=m.name,
             fields=list(m.fields),
             dataset_version=m.dataset_version,
-            fragment_ids=set(),
+            fragment_ids=set(),  # type: ignore[arg-type]  # a set, as above
             index_version=m.index_version,
         )
         for m in removed

@@ -9,6 +9,7 @@ configuration. Without a configured region, an S3 bucket's region is found the w
 
 from __future__ import annotations
 
+import builtins
 import functools
 import logging
 import os
@@ -260,7 +261,7 @@ class ObjectStorage(Storage):
         except Exception as e:
             raise self._error("head", path, e) from e
 
-    def _list_keys(self, prefix: str) -> list[str]:
+    def _list_keys(self, prefix: str) -> builtins.list[str]:
         key = self._prefix_key(prefix)
         try:
             return [m["path"] for chunk in obs.list(self.store, key, chunk_size=1000) for m in chunk]
@@ -269,10 +270,10 @@ class ObjectStorage(Storage):
         except Exception as e:
             raise self._error("list", prefix, e) from e
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         return sorted(self._rel(k) for k in self._list_keys(prefix))
 
-    def list_dir(self, prefix: str) -> list[str]:
+    def list_dir(self, prefix: str) -> builtins.list[str]:
         key = self._prefix_key(prefix)
         try:
             res = obs.list_with_delimiter(self.store, key)

@@ -17,6 +17,7 @@ segments, `.`/`..`) are programming errors and raise `ValueError`.
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -100,13 +101,13 @@ class Storage(ABC):
         return self.head(path) is not None
 
     @abstractmethod
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         """Every object under `prefix` (recursive; "" = whole root), as paths relative to the root, sorted.
 
         Prefixes match whole path segments: "a/b" lists "a/b/c", never "a/bc" nor "a/b" itself."""
 
     @abstractmethod
-    def list_dir(self, prefix: str) -> list[str]:
+    def list_dir(self, prefix: str) -> builtins.list[str]:
         """Names (not paths) of the immediate children of `prefix` — objects and "directories" — sorted."""
 
     @abstractmethod
