@@ -97,4 +97,6 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def install() -> None:
     """Make the old import paths resolve (once per process)."""
     if not any(isinstance(f, _OldPaths) for f in sys.meta_path):
-        sys.meta_path.append(_OldPaths())
+        # First, so that a submodule of an old package path (`memwal_df.exec.knn`) is the module at
+        # its new path, not a second copy that the path finder would load from the aliased package.
+        sys.meta_path.insert(0, _OldPaths())

@@ -46,3 +46,13 @@ def test_submodules_of_an_old_package_path_resolve() -> None:
     assert new_path("memwal_df.exec.lookup_plan") == "memwal_df.read.lookup_planner"
     assert new_path("memwal_df.errors") is None
     assert new_path("memwal_df.read.exec.knn") is None
+
+
+def test_a_submodule_of_an_old_package_path_is_the_same_module() -> None:
+    code = (
+        "import sys, warnings; warnings.simplefilter('ignore');"
+        "import memwal_df.exec.knn as old; import memwal_df.read.exec.knn as new;"
+        "print(old is new, old is sys.modules['memwal_df.read.exec.knn'], old.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "memwal_df.read.exec.knn"]
