@@ -28,7 +28,7 @@ import lance
 import pyarrow as pa
 import pytest
 from support.cases import backend, cases
-from support.children import op_rows, read_log, spawn, wait_ready
+from support.children import op_rows, read_log, spawn, stderr_tail, wait_ready
 from support.figures import case_name, record
 from support.jobs import (
     Workload,
@@ -175,7 +175,9 @@ def test_writer_and_jobs_killed_at_random_moments(request, tmp_path, kind, seed)
         second.send_signal(signal.SIGKILL)
         for p in (writer, jobs):
             p.communicate(timeout=60)
-            assert p.returncode == -signal.SIGKILL, "a child ended before it was killed"
+            assert p.returncode == -signal.SIGKILL, (
+                f"the {p.args[3]} child ended before it was killed:\n{stderr_tail(p)}"
+            )
 
         acked, in_flight = read_log(log)
         table = mw.open_table(uri, options)

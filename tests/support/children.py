@@ -24,14 +24,22 @@ def spawn(
     """Start `job_child.py MODE` (stdout piped: it prints `ready`; stderr to a file in `log_dir`)."""
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": SOURCE_ROOT + (os.pathsep + path if path else "")}
-    with open(log_dir / f"{mode}-{time.monotonic_ns()}.stderr", "wb") as err:
-        return subprocess.Popen(
+    stderr_path = log_dir / f"{mode}-{time.monotonic_ns()}.stderr"
+    with open(stderr_path, "wb") as err:
+        p = subprocess.Popen(
             [sys.executable, "-u", str(CHILD), mode, uri, json.dumps(options), json.dumps(args)],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
             env=env,
         )
+    p.stderr_path = stderr_path  # type: ignore[attr-defined]
+    return p
+
+
+def stderr_tail(p: subprocess.Popen, lines: int = 30) -> str:
+    """The last `lines` lines a child started by `spawn` wrote to its stderr file."""
+    return "\n".join(p.stderr_path.read_text(errors="replace").splitlines()[-lines:])  # type: ignore[attr-defined]
 
 
 def wait_ready(*procs: subprocess.Popen) -> None:
