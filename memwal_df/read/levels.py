@@ -215,6 +215,13 @@ class GenerationLevel(Level):
                 return None
         return self._dataset
 
+    def _searched_dataset(self) -> lance.LanceDataset:
+        """The generation's Lance dataset; MissingGenerationError if it was garbage-collected."""
+        ds = self.dataset()
+        if ds is None:
+            raise MissingGenerationError(f"{self.name} was garbage-collected while it was searched")
+        return ds
+
     def _gone_or_raise(self, cause: Exception) -> None:
         """After a failed read: mark the level missing if its directory was garbage-collected; a
         directory that exists but cannot be read is an error naming Lance's reason (skipping it
@@ -275,9 +282,7 @@ class GenerationLevel(Level):
         resident = self.cached(f"resident rows:{','.join(columns)}", lambda: self._resident(columns))
         if resident is not _TOO_LARGE:
             return resident.take(indices)
-        ds = self.dataset()
-        if ds is None:
-            raise MissingGenerationError(f"{self.name} was garbage-collected while it was searched")
+        ds = self._searched_dataset()
         fragments = self.cached("fragment-ids", lambda: [f.fragment_id for f in ds.get_fragments()])
         if len(fragments) != 1 or len(np.unique(positions)) != len(positions):
             return ds.take(indices, columns=list(columns))
@@ -290,9 +295,7 @@ class GenerationLevel(Level):
     def _resident(self, columns: Sequence[str]) -> Any:
         """The generation's `columns`, in position order, when they take at most RESIDENT_BYTES in
         memory; else `_TOO_LARGE`."""
-        ds = self.dataset()
-        if ds is None:
-            raise MissingGenerationError(f"{self.name} was garbage-collected while it was searched")
+        ds = self._searched_dataset()
         on_disk = sum(d.file_size_bytes or 0 for f in ds.get_fragments() for d in f.metadata.files)
         if on_disk > RESIDENT_BYTES:  # every column, compressed: no need to read it to know
             return _TOO_LARGE
