@@ -31,8 +31,12 @@ from memwal_df.read.catchup import Coverage, index_coverage
 from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.dedup import DeduplicateExec, LevelKeys
+from memwal_df.read.exec.masked_scan import MaskedScanExec
+from memwal_df.read.exec.region_rows import RegionRowsExec
 from memwal_df.read.exec.union import UnionExec
 from memwal_df.read.keys import KeySet
+from memwal_df.read.region_view import ViewShape
+from memwal_df.read.scan_state import ScanState, scannable
 from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
 from memwal_df.read.spans import BaseSpan, base_spans
 
@@ -103,11 +107,11 @@ def plan_scan(
     ktype = key_type(snapshot)
     coverage = index_coverage(snapshot, column_predicates) if column_predicates else None
     plan = coverage.plan if coverage is not None else None
+    pruned = prune_regions(snapshot, specs, column_predicates)
+    if plan is None and all(scannable(r) for r in pruned):
+        return _plan_view_scan(snapshot, pruned, filter, partitions, _note(coverage))
     gap = plan.gap if plan is not None else {}
-    regions = [
-        replace(r, levels=[*r.levels, *gap.get(r.region_id, [])])
-        for r in prune_regions(snapshot, specs, column_predicates)
-    ]
+    regions = [replace(r, levels=[*r.levels, *gap.get(r.region_id, [])]) for r in pruned]
     keys = [LevelKeys(r, pk, ktype) for r in regions if r.levels]
     shadow = _SharedKeys(keys, ktype)
     index = plan.index if plan is not None else ""
@@ -132,6 +136,34 @@ def plan_scan(
     for span in base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS):
         out.append(Partition(f"base {span.describe()}", base_scan(span)))
     if not out:  # DataFusion's plans need at least one partition (a sort over none is rejected)
+        out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
+    return out
+
+
+def _plan_view_scan(
+    snapshot: ReadSnapshot,
+    regions: list[RegionLevels],
+    filter: Any,
+    partitions: int | None,
+    note: str,
+) -> list[Partition]:
+    """The scan from region views and the base key index: one `RegionRowsExec` per region with levels,
+    then the base cut into spans, each a `MaskedScanExec` (see `memwal_df.read.scan_state`)."""
+    shape = ViewShape.of(snapshot.schema.schema, snapshot.schema.primary_key, key_type(snapshot))
+    state = ScanState(snapshot, [r for r in regions if r.levels], shape)
+
+    def region_scan(region: RegionLevels) -> MakeNode:
+        return lambda cols: RegionRowsExec(str(region.region_id), lambda: state.region(region), cols, filter)
+
+    out = [Partition(f"region {r.region_id}", region_scan(r)) for r in state.regions]
+    fragments = [(f.fragment_id, f.metadata.physical_rows) for f in snapshot.base.get_fragments()]
+
+    def base_scan(span: BaseSpan) -> MakeNode:
+        return lambda cols: MaskedScanExec(snapshot.base, span, cols, filter, state.shadow, note)
+
+    for span in base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS):
+        out.append(Partition(f"base {span.describe()}", base_scan(span)))
+    if not out:
         out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out
 

@@ -1,0 +1,121 @@
+"""What the partitions of one scan share: each region's newest rows and the base rows they shadow.
+
+Derived once per query, lazily and thread-safely, from state the process keeps across queries: each
+region's `RegionView` (its flushed, unmerged generations deduplicated, patched on flush and merge) and
+the base version's `BaseKeyIndex` (patched across base versions). A writer's MemTable copies (planned
+with `writer=`) are per query: they are deduplicated here and shadow both their region's view and the
+base.
+
+Guarantees: `region(r)` is region r's newest version of every key its levels hold (MemTable rows over
+its view); `shadow()` is every live base row whose key any of the scanned regions' levels holds,
+split into parts that never hold the same row twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, base_key_index
+from memwal_df.read.keys import KeySet
+from memwal_df.read.levels import GenerationLevel, MemTableLevel
+from memwal_df.read.region_view import RegionView, ViewShape, region_view, view_of_tables
+from memwal_df.read.snapshot import ReadSnapshot, RegionLevels
+
+__all__ = ["RegionRows", "ScanState", "scannable"]
+
+
+def scannable(region: RegionLevels) -> bool:
+    """Whether a region's levels are MemTable copies over generations (the order snapshots make)."""
+    seen_generation = False
+    for level in region.levels:
+        if isinstance(level, GenerationLevel):
+            seen_generation = True
+        elif not isinstance(level, MemTableLevel) or seen_generation:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class RegionRows:
+    """A region's newest rows: `top` (its MemTable copies deduplicated, or None) over `view`, whose rows
+    `top` holds the key of are older versions; `top_keys` the keys of `top`."""
+
+    view: RegionView
+    top: RegionView | None
+
+    @property
+    def top_keys(self) -> KeySet | None:
+        return None if self.top is None else self.top.keys
+
+    def tables(self) -> list[tuple[RegionView, KeySet | None]]:
+        """The views to read newest first, each with the keys newer views hold."""
+        out: list[tuple[RegionView, KeySet | None]] = []
+        if self.top is not None:
+            out.append((self.top, None))
+        out.append((self.view, self.top_keys))
+        return out
+
+
+class ScanState:
+    """The regions and base shadow of one scan (see the module docstring)."""
+
+    def __init__(self, snapshot: ReadSnapshot, regions: Sequence[RegionLevels], shape: ViewShape) -> None:
+        self.snapshot = snapshot
+        self.regions = list(regions)
+        self.shape = shape
+        self._lock = threading.RLock()
+        self._rows: dict[uuid.UUID, RegionRows] = {}
+        self._shadow: list[BaseShadow] | None = None
+
+    @property
+    def table(self) -> str:
+        return str(self.snapshot.base.uri)
+
+    def region(self, region: RegionLevels) -> RegionRows:
+        with self._lock:
+            found = self._rows.get(region.region_id)
+            if found is None:
+                found = self._rows[region.region_id] = self._region_rows(region)
+            return found
+
+    def _region_rows(self, region: RegionLevels) -> RegionRows:
+        generations = [lv for lv in region.levels if isinstance(lv, GenerationLevel)]
+        memtables = [lv for lv in region.levels if isinstance(lv, MemTableLevel)]
+        view = region_view(self.table, region.region_id, generations, self.shape)
+        top = None
+        if memtables:
+            tables = [m.table for m in memtables]
+            top = view_of_tables(region.region_id, tables, [m.generation for m in memtables], self.shape)
+        return RegionRows(view, top)
+
+    def base_index(self) -> BaseKeyIndex:
+        s = self.snapshot
+        return base_key_index(self.table, s.base, self.shape.primary_key, self.shape.key_type)
+
+    def shadow(self) -> list[BaseShadow]:
+        """The base rows the scanned regions shadow, in disjoint parts: the flushed generations' (kept
+        with the base key index, per set of views), then the MemTable copies' not among them."""
+        with self._lock:
+            if self._shadow is None:
+                self._shadow = self._compute_shadow()
+            return self._shadow
+
+    def _compute_shadow(self) -> list[BaseShadow]:
+        rows = [self.region(r) for r in self.regions if r.levels]
+        if not rows:
+            return []
+        index = self.base_index()
+        flushed = index.shadow(tuple(r.view for r in rows), lambda view: view.row_keys)
+        parts = [flushed] if len(flushed) else []
+        tops = [r.top for r in rows if r.top is not None and r.top.rows.num_rows]
+        if tops:
+            addrs = np.unique(np.concatenate([index.locate(t.row_keys) for t in tops]))
+            fresh = addrs[~flushed.hidden(addrs)] if len(flushed) else addrs
+            if len(fresh):
+                parts.append(BaseShadow(fresh, index.physical_rows))
+        return parts
