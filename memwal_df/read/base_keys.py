@@ -2,18 +2,20 @@
 its live row), kept in memory across queries and patched from one base version to the next.
 
 A Lance fragment's data files never change; a new version adds fragments, replaces some (compaction,
-rewrites) or gives a fragment a new deletion file (a merge's updates and deletes). So the next
-version's index is this one's entries minus those of fragments that are gone or rewritten, minus the
-rows a grown deletion file hides (read as the fragment's live row addresses, no column read), plus the
-keys of the fragments that are new (their key column read). A deletion file that shrinks (an older
-version read after a newer one) re-reads the fragment. A merge therefore costs in proportion to the
-rows it wrote, not to the base.
+rewrites) or gives a fragment a new deletion file (a merge's updates and deletes). The index is a few
+sorted runs of (key, row address), one per set of fragments read together, plus the rows each
+fragment's deletion file deletes in the index's version (read from the deletion file itself:
+`memwal_df.format.deletion_files`). The next version's index keeps the runs (minus the entries of
+fragments that are gone, rewritten, or whose deletion file shrank), adds one run for the fragments
+that are new, and takes the new deletion files. A merge therefore costs in proportion to the rows it
+wrote and deleted, not to the base. An entry whose row a later version deleted stays in its run and is
+filtered out when found; runs are merged (dropping such entries) when there are too many of them.
 
 `BaseShadow` is what a scan of one base version needs from it: the row addresses of the live base rows
-whose key a newer level holds, per fragment as a bitmap over the fragment's rows.
+whose key a newer level holds, probed per batch through one flat bitmap.
 
 Guarantees: `locate(keys)` returns the row address of every one of `keys` that has a live row in the
-index's base version, and nothing else; an index is kept only for the version it was built for.
+index's base version, and nothing else; within a run a key is held at most once.
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_df.format.deletion_files import deleted_offsets
+from memwal_df.format.storage import Storage
 from memwal_df.read.keys import key_array
 
 __all__ = ["BASE_KEYS", "BaseKeyIndex", "BaseShadow", "base_key_index", "fragment_signature"]
 
 _ADDR = "_rowaddr"
-_MEMO_ENTRIES = 256  # located keys and shadows kept per index (per view, per set of views)
-T = TypeVar("T")
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
+_MEMO_ENTRIES = 256  # located keys and shadows kept per index (per view, per set of views)
+_MAX_RUNS = 8  # more runs than this: every run but the largest is merged into one
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def fragment_signature(fragment: Any) -> FragmentSignature:
     m = fragment.metadata
     data = (tuple(f.path for f in m.files), repr(getattr(m, "overlays", None)))
     d = m.deletion_file
-    deletion = None if d is None else (repr(d),)
+    deletion = None if d is None else (repr(d), d.id, d.read_version)
     return FragmentSignature(data, deletion, int(m.physical_rows), int(m.num_deletions or 0))
 
 
@@ -72,42 +77,108 @@ def _read_keys(
     return keys, addrs
 
 
-def _live_addrs(ds: lance.LanceDataset, fragment_ids: Sequence[int]) -> np.ndarray:
-    """The row addresses of the live rows of `fragment_ids` (no column read)."""
-    fragments = [ds.get_fragment(i) for i in fragment_ids]
-    t = ds.scanner(columns=[], with_row_address=True, fragments=fragments).to_table()
-    return t.column(_ADDR).to_numpy().astype(np.uint64, copy=False)
+def _deleted_addrs(ds: lance.LanceDataset, storage: Storage | None, fragment: Any) -> np.ndarray:
+    """The row addresses a fragment's deletion file deletes: read from the file, or, when it cannot be
+    read as one, as the complement of the fragment's live rows (a Lance scan of row addresses)."""
+    fid = fragment.fragment_id
+    d = fragment.metadata.deletion_file
+    if d is None:
+        return np.empty(0, np.uint64)
+    if storage is not None:
+        try:
+            offsets = deleted_offsets(storage.get(fragment.deletion_file()), d.file_type)
+            return (np.uint64(fid) << np.uint64(32)) | offsets.astype(np.uint64)
+        except (ValueError, OSError):
+            pass
+    live = ds.scanner(columns=[], with_row_address=True, fragments=[fragment]).to_table()
+    live_offsets = live.column(_ADDR).to_numpy().astype(np.uint64) & _OFFSET_MASK
+    dead = np.setdiff1d(np.arange(fragment.metadata.physical_rows, dtype=np.uint64), live_offsets)
+    return (np.uint64(fid) << np.uint64(32)) | dead
 
 
 class _Bitmaps:
-    """One bool per row of some fragments (by physical offset), probed with row addresses."""
+    """One bit per physical row of some fragments, set for the given row addresses; probed with row
+    addresses of any fragment (one flat bool array and a fragment -> start table: no per-fragment loop)."""
 
     def __init__(self, addrs: np.ndarray, physical_rows: dict[int, int]) -> None:
-        self.maps: dict[int, np.ndarray] = {}
+        if len(addrs) > 1 and (addrs[1:] < addrs[:-1]).any():
+            addrs = np.sort(addrs)
         frags = (addrs >> np.uint64(32)).astype(np.int64)
         offsets = (addrs & _OFFSET_MASK).astype(np.int64)
-        for fid in np.unique(frags).tolist():
-            bitmap = np.zeros(physical_rows.get(fid, 0) or int(offsets[frags == fid].max()) + 1, dtype=bool)
-            bitmap[offsets[frags == fid]] = True
-            self.maps[fid] = bitmap
+        ids = frags[np.r_[True, frags[1:] != frags[:-1]]] if len(frags) else np.empty(0, np.int64)
+        last = np.searchsorted(frags, ids, side="right") - 1  # each fragment's highest offset
+        sizes = np.array([physical_rows.get(int(f), 0) for f in ids], dtype=np.int64)
+        sizes = np.maximum(sizes, offsets[last] + 1) if len(ids) else sizes
+        self._start = np.full(int(ids[-1]) + 1 if len(ids) else 0, -1, dtype=np.int64)
+        self._start[ids] = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self._sizes = np.zeros(len(self._start), dtype=np.int64)
+        self._sizes[ids] = sizes
+        self._bits = np.zeros(int(sizes.sum()), dtype=bool)
+        self._bits[self._start[frags] + offsets] = True
 
     def probe(self, addrs: np.ndarray) -> np.ndarray:
         """Bool per address: its bit is set."""
         out = np.zeros(len(addrs), dtype=bool)
-        if not self.maps or not len(addrs):
+        if not len(self._bits) or not len(addrs):
             return out
-        frags = addrs >> np.uint64(32)
-        first, last = int(frags[0]), int(frags[-1])
-        if first == last and (frags == first).all():
-            bitmap = self.maps.get(first)
-            if bitmap is not None:
-                out[:] = bitmap[(addrs & _OFFSET_MASK).astype(np.int64)]
-            return out
-        for fid, bitmap in self.maps.items():
-            here = frags == fid
-            if here.any():
-                out[here] = bitmap[(addrs[here] & _OFFSET_MASK).astype(np.int64)]
+        frags = (addrs >> np.uint64(32)).astype(np.int64)
+        offsets = (addrs & _OFFSET_MASK).astype(np.int64)
+        known = frags < len(self._start)
+        start = np.where(known, self._start[np.where(known, frags, 0)], -1)
+        inside = (start >= 0) & (offsets < np.where(known, self._sizes[np.where(known, frags, 0)], 0))
+        out[inside] = self._bits[start[inside] + offsets[inside]]
         return out
+
+
+class _Run:
+    """Sorted (key, row address) entries of rows read together; each key at most once."""
+
+    def __init__(self, keys: pa.Array, addrs: np.ndarray) -> None:
+        self.int = pa.types.is_integer(keys.type)
+        if self.int:
+            values = keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            order = np.argsort(values, kind="stable")
+            self.sorted: np.ndarray | None = values[order]
+            self.keys: pa.Array | None = None
+            self.addrs = addrs[order]
+        else:
+            self.sorted, self.keys, self.addrs = None, keys, addrs
+
+    def __len__(self) -> int:
+        return len(self.addrs)
+
+    @property
+    def nbytes(self) -> int:
+        keys = self.sorted.nbytes if self.sorted is not None else (self.keys.nbytes if self.keys else 0)
+        return int(keys + self.addrs.nbytes)
+
+    def key_array(self) -> pa.Array:
+        if self.sorted is not None:
+            return pa.array(self.sorted)
+        assert self.keys is not None
+        return self.keys
+
+    def filtered(self, keep: np.ndarray) -> _Run:
+        if keep.all():
+            return self
+        out = _Run.__new__(_Run)
+        out.int, out.addrs = self.int, self.addrs[keep]
+        out.sorted = self.sorted[keep] if self.sorted is not None else None
+        out.keys = self.keys.filter(pa.array(keep)) if self.keys is not None else None
+        return out
+
+    def find(self, keys: pa.Array) -> np.ndarray:
+        """The addresses of the entries holding any of `keys`."""
+        if not len(self.addrs) or not len(keys):
+            return np.empty(0, np.uint64)
+        if self.sorted is not None:
+            probe = keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            pos = np.searchsorted(self.sorted, probe)
+            pos[pos == len(self.sorted)] = 0
+            return self.addrs[pos[self.sorted[pos] == probe]]
+        assert self.keys is not None
+        index = pc.index_in(keys.cast(self.keys.type), value_set=self.keys).drop_null()
+        return self.addrs[index.to_numpy().astype(np.int64)]
 
 
 class BaseKeyIndex:
@@ -117,135 +188,104 @@ class BaseKeyIndex:
         self,
         version: int,
         fragments: dict[int, FragmentSignature],
-        keys: pa.Array,
-        addrs: np.ndarray,
+        runs: list[_Run],
+        deleted: dict[int, np.ndarray],
         key_type: pa.DataType,
     ) -> None:
         self.version = version
         self.fragments = fragments
+        self.runs = runs
+        self.deleted = deleted  # fragment id -> sorted row addresses its deletion file deletes
         self.key_type = key_type
-        self._int = pa.types.is_integer(key_type)
-        if self._int:
-            values = keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            order = np.argsort(values, kind="stable")
-            self._sorted: np.ndarray | None = values[order]
-            self._keys: pa.Array | None = None
-            self.addrs = addrs[order]
-        else:
-            self._sorted = None
-            self._keys = keys
-            self.addrs = addrs
+        self._dead: _Bitmaps | None = None
         self._lock = threading.Lock()
         self._memo: OrderedDict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = OrderedDict()
 
-    @classmethod
-    def _sorted_parts(
-        cls, version: int, fragments: dict[int, FragmentSignature], keys: np.ndarray, addrs: np.ndarray
-    ) -> BaseKeyIndex:
-        """An index of integer keys from already sorted parts."""
-        out = cls.__new__(cls)
-        out.version, out.fragments, out.key_type, out._int = version, fragments, pa.int64(), True
-        out._sorted, out._keys, out.addrs = keys, None, addrs
-        out._lock, out._memo = threading.Lock(), OrderedDict()
-        return out
-
     @property
-    def rows(self) -> int:
-        return len(self.addrs)
+    def entries(self) -> int:
+        return sum(len(r) for r in self.runs)
 
     @property
     def nbytes(self) -> int:
-        keys = self._sorted.nbytes if self._sorted is not None else (self._keys.nbytes if self._keys else 0)
-        return int(keys + self.addrs.nbytes)
+        return sum(r.nbytes for r in self.runs) + sum(int(d.nbytes) for d in self.deleted.values())
+
+    @property
+    def physical_rows(self) -> dict[int, int]:
+        return {f: s.physical_rows for f, s in self.fragments.items()}
+
+    def _dead_rows(self) -> _Bitmaps:
+        with self._lock:
+            if self._dead is None:
+                addrs = [d for d in self.deleted.values() if len(d)]
+                all_dead = np.concatenate(addrs) if addrs else np.empty(0, np.uint64)
+                self._dead = _Bitmaps(all_dead, self.physical_rows)
+            return self._dead
 
     @classmethod
-    def build(cls, ds: lance.LanceDataset, primary_key: Sequence[str], key_type: pa.DataType) -> BaseKeyIndex:
+    def build(
+        cls,
+        ds: lance.LanceDataset,
+        storage: Storage | None,
+        primary_key: Sequence[str],
+        key_type: pa.DataType,
+    ) -> BaseKeyIndex:
         """The index of `ds`'s version, read whole (its key column and row addresses)."""
         fragments = _signatures(ds)
-        ids = sorted(fragments)
-        if ids:
-            keys, addrs = _read_keys(ds, primary_key, ids)
-        else:
-            keys, addrs = pa.array([], key_type), np.empty(0, np.uint64)
-        return cls(ds.version, fragments, keys, addrs, key_type)
+        runs = [_Run(*_read_keys(ds, primary_key, sorted(fragments)))] if fragments else []
+        return cls(ds.version, fragments, runs, {}, key_type)  # a fresh read holds live rows only
 
     def advance(
-        self, ds: lance.LanceDataset, primary_key: Sequence[str], signatures: dict[int, FragmentSignature]
+        self,
+        ds: lance.LanceDataset,
+        storage: Storage | None,
+        primary_key: Sequence[str],
+        signatures: dict[int, FragmentSignature],
     ) -> BaseKeyIndex:
         """The index of `ds`'s version (its fragments' `signatures`), from this one."""
-        new = signatures
         old = self.fragments
-        gone, shrunk, grown = set(), [], []
+        gone = set()
         for fid, sig in old.items():
-            now = new.get(fid)
-            if now is None or now.data != sig.data:
+            now = signatures.get(fid)
+            if now is None or now.data != sig.data or now.deleted_rows < sig.deleted_rows:
                 gone.add(fid)
-            elif now.deletion != sig.deletion:
-                (grown if now.deleted_rows >= sig.deleted_rows else shrunk).append(fid)
-        gone.update(shrunk)
-        added = sorted(fid for fid, sig in new.items() if fid in gone or fid not in old)
-        if not gone and not grown and not added:
-            return self._at(ds.version, new)
-        frags = (self.addrs >> np.uint64(32)).astype(np.int64)
-        keep = ~np.isin(frags, list(gone)) if gone else np.ones(len(frags), dtype=bool)
-        if grown:
-            live = _Bitmaps(_live_addrs(ds, grown), {f: new[f].physical_rows for f in grown})
-            in_grown = np.isin(frags, grown)
-            keep[in_grown] &= live.probe(self.addrs[in_grown])
-        new_keys, new_addrs = (
-            _read_keys(ds, primary_key, added)
-            if added
-            else (pa.array([], self.key_type), np.empty(0, np.uint64))
+        added = sorted(fid for fid in signatures if fid in gone or fid not in old)
+        runs = self.runs
+        if gone:
+            runs = [
+                r.filtered(~np.isin((r.addrs >> np.uint64(32)).astype(np.int64), list(gone))) for r in runs
+            ]
+        deleted = {f: d for f, d in self.deleted.items() if f not in gone and signatures[f] == old[f]}
+        for fid, sig in signatures.items():
+            if fid not in added and sig.deletion is not None and fid not in deleted:
+                deleted[fid] = _deleted_addrs(ds, storage, ds.get_fragment(fid))
+        if added:
+            runs = [*runs, _Run(*_read_keys(ds, primary_key, added))]
+        index = BaseKeyIndex(ds.version, signatures, [r for r in runs if len(r)], deleted, self.key_type)
+        if len(index.runs) > _MAX_RUNS:
+            index = index._merged_runs()
+        return index
+
+    def _merged_runs(self) -> BaseKeyIndex:
+        """This index with every run but the largest merged into one (dead entries dropped)."""
+        largest = max(range(len(self.runs)), key=lambda i: len(self.runs[i]))
+        small = [r for i, r in enumerate(self.runs) if i != largest]
+        dead = self._dead_rows()
+        live = [r.filtered(~dead.probe(r.addrs)) for r in small]
+        merged = _Run(
+            pa.concat_arrays([r.key_array().cast(self.key_type) for r in live]),
+            np.concatenate([r.addrs for r in live]),
         )
-        return self._patched(ds.version, new, keep, new_keys, new_addrs)
-
-    def _at(self, version: int, fragments: dict[int, FragmentSignature]) -> BaseKeyIndex:
-        if self._int:
-            assert self._sorted is not None
-            return BaseKeyIndex._sorted_parts(version, fragments, self._sorted, self.addrs)
-        assert self._keys is not None
-        return BaseKeyIndex(version, fragments, self._keys, self.addrs, self.key_type)
-
-    def _patched(
-        self,
-        version: int,
-        fragments: dict[int, FragmentSignature],
-        keep: np.ndarray,
-        new_keys: pa.Array,
-        new_addrs: np.ndarray,
-    ) -> BaseKeyIndex:
-        if not self._int:
-            assert self._keys is not None
-            keys = pa.concat_arrays([self._keys.filter(pa.array(keep)), new_keys.cast(self._keys.type)])
-            return BaseKeyIndex(
-                version, fragments, keys, np.concatenate([self.addrs[keep], new_addrs]), self.key_type
-            )
-        assert self._sorted is not None
-        kept_keys, kept_addrs = self._sorted[keep], self.addrs[keep]
-        values = new_keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        order = np.argsort(values, kind="stable")
-        values, new_addrs = values[order], new_addrs[order]
-        at = np.searchsorted(kept_keys, values)
-        return BaseKeyIndex._sorted_parts(
-            version, fragments, np.insert(kept_keys, at, values), np.insert(kept_addrs, at, new_addrs)
+        return BaseKeyIndex(
+            self.version, self.fragments, [self.runs[largest], merged], self.deleted, self.key_type
         )
 
     def locate(self, keys: pa.Array) -> np.ndarray:
         """The row addresses (sorted) of the live rows holding any of `keys`."""
-        if not len(keys) or not len(self.addrs):
+        if not len(keys) or not self.runs:
             return np.empty(0, np.uint64)
-        if self._sorted is not None:
-            probe = keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            pos = np.searchsorted(self._sorted, probe)
-            pos[pos == len(self._sorted)] = 0
-            found = self.addrs[pos[self._sorted[pos] == probe]]
-        else:
-            assert self._keys is not None
-            index = pc.index_in(keys.cast(self._keys.type), value_set=self._keys).to_numpy(
-                zero_copy_only=False
-            )
-            index = index[~np.isnan(index)] if index.dtype.kind == "f" else index
-            found = self.addrs[np.asarray(index, dtype=np.int64)]
+        found = np.concatenate([r.find(keys) for r in self.runs])
+        if self.deleted and len(found):
+            found = found[~self._dead_rows().probe(found)]
         return np.unique(found)
 
     def located(self, owner: Any, keys: pa.Array) -> np.ndarray:
@@ -276,10 +316,6 @@ class BaseKeyIndex:
             while len(self._memo) > _MEMO_ENTRIES:
                 self._memo.popitem(last=False)
         return value
-
-    @property
-    def physical_rows(self) -> dict[int, int]:
-        return {f: s.physical_rows for f, s in self.fragments.items()}
 
 
 class BaseShadow:
@@ -338,7 +374,11 @@ BASE_KEYS = _IndexCache()
 
 
 def base_key_index(
-    uri: str, ds: lance.LanceDataset, primary_key: Sequence[str], key_type: pa.DataType
+    uri: str,
+    ds: lance.LanceDataset,
+    storage: Storage | None,
+    primary_key: Sequence[str],
+    key_type: pa.DataType,
 ) -> BaseKeyIndex:
     """The key index of `ds` (the base table at `uri`, at its version): kept (same version, same
     fragments: a table created again at the same path is another table), else patched from the newest
@@ -349,10 +389,10 @@ def base_key_index(
         if index.version == ds.version and index.fragments == signatures:
             return index
     if found:
-        index = found[0].advance(ds, primary_key, signatures)
+        index = found[0].advance(ds, storage, primary_key, signatures)
         BASE_KEYS.advances += 1
     else:
-        index = BaseKeyIndex.build(ds, primary_key, key_type)
+        index = BaseKeyIndex.build(ds, storage, primary_key, key_type)
         BASE_KEYS.builds += 1
     BASE_KEYS.keep(uri, index)
     return index

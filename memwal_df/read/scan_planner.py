@@ -31,7 +31,7 @@ from memwal_df.read.catchup import Coverage, index_coverage
 from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.dedup import DeduplicateExec, LevelKeys
-from memwal_df.read.exec.masked_scan import MaskedScanExec
+from memwal_df.read.exec.masked_scan import MaskedScanExec, fragment_rows
 from memwal_df.read.exec.region_rows import RegionRowsExec
 from memwal_df.read.exec.union import UnionExec
 from memwal_df.read.keys import KeySet
@@ -156,13 +156,17 @@ def _plan_view_scan(
         return lambda cols: RegionRowsExec(str(region.region_id), lambda: state.region(region), cols, filter)
 
     out = [Partition(f"region {r.region_id}", region_scan(r)) for r in state.regions]
-    fragments = [(f.fragment_id, f.metadata.physical_rows) for f in snapshot.base.get_fragments()]
+    live = filter is None  # Lance applies offset and limit after a filter: split by `_rowaddr` then
+    fragments = [(f.fragment_id, fragment_rows(f, live)) for f in snapshot.base.get_fragments()]
 
-    def base_scan(span: BaseSpan) -> MakeNode:
-        return lambda cols: MaskedScanExec(snapshot.base, span, cols, filter, state.shadow, note)
+    def base_scan(span: BaseSpan, first: bool) -> MakeNode:
+        return lambda cols: MaskedScanExec(
+            snapshot.base, span, cols, filter, state.shadow, live=live, counts_all=first, note=note
+        )
 
-    for span in base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS):
-        out.append(Partition(f"base {span.describe()}", base_scan(span)))
+    spans = base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS)
+    for i, span in enumerate(spans):
+        out.append(Partition(f"base {span.describe()}", base_scan(span, i == 0)))
     if not out:
         out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out

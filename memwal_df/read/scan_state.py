@@ -95,7 +95,7 @@ class ScanState:
 
     def base_index(self) -> BaseKeyIndex:
         s = self.snapshot
-        return base_key_index(self.table, s.base, self.shape.primary_key, self.shape.key_type)
+        return base_key_index(self.table, s.base, s.storage, self.shape.primary_key, self.shape.key_type)
 
     def shadow(self) -> list[BaseShadow]:
         """The base rows the scanned regions shadow, in disjoint parts: the flushed generations' (kept

@@ -2,13 +2,19 @@
 
 The shadowed rows are known by row address (`BaseShadow`, from the base key index), so the scan is a
 plain Lance scan of the span with the pushed filter, and each batch drops the rows whose address is
-shadowed: no key column is read or compared. `count(*)` without a filter reads nothing when the span's
-fragments have no deletions in the part it covers: the live rows are counted from fragment metadata
-and the shadowed ones from the shadow's sorted addresses.
+shadowed: no key column is read or compared.
 
-Guarantees: every output row is a live base row of the span (`_rowaddr` in `[start, stop)`), matches the
-pushed filter, and is not shadowed; output columns are exactly `columns` (for none, batches with a row
-count and no column).
+Spans: without a filter a span counts live rows (`live=True`: positions among a fragment's rows its
+deletion file keeps), read with Lance's offset and limit; with a filter it counts physical rows, read
+with a `_rowaddr` range (Lance applies offset and limit after the filter, so live positions cannot
+split a filtered scan). A span that covers whole fragments reads them with neither.
+
+`count(*)` without a filter (no column, no filter) is arithmetic: the live rows of every fragment
+(fragment metadata) minus the shadowed rows (every shadowed address is a live row), answered whole
+by the partition marked `counts_all` while the others answer nothing.
+
+Guarantees: every output row is a live base row of the span, matches the pushed filter, and is not
+shadowed; output columns are exactly `columns` (for none, batches with a row count and no column).
 """
 
 from __future__ import annotations
@@ -25,12 +31,18 @@ from memwal_df.read.lance_filter import split_for_lance
 from memwal_df.read.predicate import referenced_columns
 from memwal_df.read.spans import BaseSpan
 
-__all__ = ["SCAN_BATCH_ROWS", "MaskedScanExec"]
+__all__ = ["SCAN_BATCH_ROWS", "MaskedScanExec", "fragment_rows"]
 
 SCAN_BATCH_ROWS = 131_072
 """Rows per batch read from Lance: DataFusion's Python dataset route costs a fixed amount per batch."""
 
 _ADDR = "_rowaddr"
+
+
+def fragment_rows(fragment: Any, live: bool) -> int:
+    """A fragment's live rows (`live`) or physical rows, from its metadata."""
+    sig = fragment_signature(fragment)
+    return sig.physical_rows - sig.deleted_rows if live else sig.physical_rows
 
 
 class MaskedScanExec(ExecNode):
@@ -43,6 +55,9 @@ class MaskedScanExec(ExecNode):
         columns: Sequence[str],
         filter: Any,
         shadow: Callable[[], Sequence[BaseShadow]],
+        *,
+        live: bool,
+        counts_all: bool,
         note: str = "",
     ) -> None:
         self.base = base
@@ -50,6 +65,8 @@ class MaskedScanExec(ExecNode):
         self.columns = list(columns)
         self.filter = filter
         self.shadow = shadow  # computed once per query, shared by the partitions
+        self.live = live
+        self.counts_all = counts_all
         self.note = note  # why these fragments were chosen, for `explain`
         self.counted = False  # set when `count(*)` was answered without a scan
 
@@ -58,70 +75,45 @@ class MaskedScanExec(ExecNode):
         return list(self.span.fragment_ids)
 
     def describe(self) -> str:
-        line = (
-            f"MaskedScanExec: base v{self.base.version} {self.span.describe()} minus rows newer levels shadow"
-        )
+        rows = "live rows" if self.live else "rows"
+        line = f"MaskedScanExec: base v{self.base.version} {self.span.describe()} ({rows})"
+        line += " minus rows newer levels shadow"
         if self.filter is not None:
             line += f", filter={self.filter}"
         if self.note:
             line += f" ({self.note})"
         return line + (" (counted from metadata)" if self.counted else "")
 
-    def _ranges(self) -> list[tuple[Any, int, int, bool]]:
-        """(fragment, first offset, end offset, whole fragment) of each fragment the span covers."""
+    def _pieces(self) -> list[tuple[Any, int, int, bool]]:
+        """(fragment, first row, end row, whole fragment) of each fragment the span covers, in the
+        span's coordinates (live or physical rows)."""
         out = []
         for fid in self.span.fragment_ids:
             fragment = self.base.get_fragment(fid)
-            rows = int(fragment.metadata.physical_rows)
+            rows = fragment_rows(fragment, self.live)
             lo = max(self.span.start, fid << 32) - (fid << 32)
             hi = min(self.span.stop, (fid << 32) | rows) - (fid << 32)
             if hi > lo:
                 out.append((fragment, lo, hi, lo == 0 and hi == rows))
         return out
 
-    def _whole_fragments(self) -> bool:
-        return all(whole for *_, whole in self._ranges())
-
-    def _live_count(self) -> int:
-        """The live rows of the span: from metadata where it tells, else counted by a row-address scan."""
-        total = 0
-        for fragment, lo, hi, whole in self._ranges():
-            sig = fragment_signature(fragment)
-            if whole:
-                total += sig.physical_rows - sig.deleted_rows
-            elif not sig.deleted_rows:
-                total += hi - lo
-            else:
-                fid = fragment.fragment_id
-                flt = f"_rowaddr >= {fid << 32 | lo} AND _rowaddr < {fid << 32 | hi}"
-                total += self.base.scanner(
-                    columns=[], with_row_address=True, fragments=[fragment], filter=flt
-                ).count_rows()
-        return total
+    def _count(self, shadow: Sequence[BaseShadow]) -> int:
+        """The live, unshadowed rows of the whole base version."""
+        live = sum(fragment_rows(f, True) for f in self.base.get_fragments())
+        return live - sum(len(p) for p in shadow)
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         shadow = self.shadow()
         if not self.columns and self.filter is None:
             self.counted = True
-            n = self._live_count() - sum(p.count_between(self.span.start, self.span.stop) for p in shadow)
-            if n:
+            if self.counts_all and (n := self._count(shadow)):
                 yield count_batch(n)
             return
         sql, residual = split_for_lance(self.filter, self.base.schema)
         needed = list(self.columns)
         if residual is not None:
             needed = list(dict.fromkeys([*needed, *sorted(referenced_columns(residual))]))
-        fragments = [self.base.get_fragment(i) for i in self.span.fragment_ids]
-        rows = None if self._whole_fragments() else self.span.sql()
-        flt = rows if sql is None else (sql if rows is None else f"({rows}) AND ({sql})")
-        scanner = self.base.scanner(
-            columns=needed,
-            filter=flt,
-            fragments=fragments,
-            with_row_address=bool(shadow) or not needed,  # Lance scans no rows of no column
-            batch_size=SCAN_BATCH_ROWS,
-        )
-        for batch in scanner.to_batches():
+        for batch in self._scan(needed, sql, with_addr=bool(shadow) or not needed):
             if not batch.num_rows:
                 continue
             if shadow:
@@ -135,3 +127,25 @@ class MaskedScanExec(ExecNode):
                 batch = batch.filter(residual)
             if batch.num_rows:
                 yield batch.select(self.columns) if batch.num_columns != len(self.columns) else batch
+
+    def _scan(self, columns: list[str], sql: str | None, with_addr: bool) -> Iterator[pa.RecordBatch]:
+        """The span's rows matching `sql`: whole fragments in one Lance scan, each part of a fragment in
+        its own (by offset and limit in live rows, by `_rowaddr` range in physical rows)."""
+        pieces = self._pieces()
+        whole = [f for f, *_, w in pieces if w]
+        options = {"columns": columns, "with_row_address": with_addr, "batch_size": SCAN_BATCH_ROWS}
+        if whole:
+            yield from self.base.scanner(fragments=whole, filter=sql, **options).to_batches()
+        for fragment, lo, hi, w in pieces:
+            if w:
+                continue
+            if self.live:
+                scanner = self.base.scanner(
+                    fragments=[fragment], filter=sql, offset=lo, limit=hi - lo, **options
+                )
+            else:
+                fid = fragment.fragment_id
+                rows = f"_rowaddr >= {fid << 32 | lo} AND _rowaddr < {fid << 32 | hi}"
+                flt = rows if sql is None else f"({rows}) AND ({sql})"
+                scanner = self.base.scanner(fragments=[fragment], filter=flt, **options)
+            yield from scanner.to_batches()
