@@ -35,7 +35,7 @@ from memwal_df.format.deletion_files import deleted_offsets
 from memwal_df.format.storage import Storage
 from memwal_df.read.keys import key_array
 
-__all__ = ["BASE_KEYS", "BaseKeyIndex", "BaseShadow", "base_key_index", "fragment_signature"]
+__all__ = ["BASE_KEYS", "BaseKeyIndex", "BaseShadow", "base_key_index", "fragment_signature", "fragment_signatures"]
 
 _ADDR = "_rowaddr"
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
@@ -62,7 +62,7 @@ def fragment_signature(fragment: Any) -> FragmentSignature:
     return FragmentSignature(data, deletion, int(m.physical_rows), int(m.num_deletions or 0))
 
 
-def _signatures(ds: lance.LanceDataset) -> dict[int, FragmentSignature]:
+def fragment_signatures(ds: lance.LanceDataset) -> dict[int, FragmentSignature]:
     return {f.fragment_id: fragment_signature(f) for f in ds.get_fragments()}
 
 
@@ -230,7 +230,7 @@ class BaseKeyIndex:
         key_type: pa.DataType,
     ) -> BaseKeyIndex:
         """The index of `ds`'s version, read whole (its key column and row addresses)."""
-        fragments = _signatures(ds)
+        fragments = fragment_signatures(ds)
         runs = [_Run(*_read_keys(ds, primary_key, sorted(fragments)))] if fragments else []
         return cls(ds.version, fragments, runs, {}, key_type)  # a fresh read holds live rows only
 
@@ -384,7 +384,7 @@ def base_key_index(
     fragments: a table created again at the same path is another table), else patched from the newest
     kept one, else read whole."""
     found = BASE_KEYS.get(uri)
-    signatures = _signatures(ds)
+    signatures = fragment_signatures(ds)
     for index in found:
         if index.version == ds.version and index.fragments == signatures:
             return index
