@@ -35,7 +35,14 @@ from memwal_df.format.deletion_files import deleted_offsets
 from memwal_df.format.storage import Storage
 from memwal_df.read.keys import key_array
 
-__all__ = ["BASE_KEYS", "BaseKeyIndex", "BaseShadow", "base_key_index", "fragment_signature", "fragment_signatures"]
+__all__ = [
+    "BASE_KEYS",
+    "BaseKeyIndex",
+    "BaseShadow",
+    "base_key_index",
+    "fragment_signature",
+    "fragment_signatures",
+]
 
 _ADDR = "_rowaddr"
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
@@ -70,7 +77,8 @@ def _read_keys(
     ds: lance.LanceDataset, primary_key: Sequence[str], fragment_ids: Sequence[int]
 ) -> tuple[pa.Array, np.ndarray]:
     """The keys and row addresses of the live rows of `fragment_ids`."""
-    fragments = [ds.get_fragment(i) for i in fragment_ids]
+    wanted = set(fragment_ids)
+    fragments = [f for f in ds.get_fragments() if f.fragment_id in wanted]
     t = ds.scanner(columns=list(primary_key), with_row_address=True, fragments=fragments).to_table()
     keys = key_array([t.column(c) for c in primary_key])
     addrs = t.column(_ADDR).to_numpy().astype(np.uint64, copy=False)
@@ -309,7 +317,8 @@ class BaseKeyIndex:
             hit = self._memo.get(ids)
             if hit is not None and all(a is b for a, b in zip(hit[0], key, strict=True)):
                 self._memo.move_to_end(ids)
-                return hit[1]  # type: ignore[no-any-return]
+                found: T = hit[1]
+                return found
         value = compute()
         with self._lock:
             self._memo[ids] = (key, value)
