@@ -294,22 +294,20 @@ class BaseKeyIndex:
         found = np.concatenate([r.find(keys) for r in self.runs])
         if self.deleted and len(found):
             found = found[~self._dead_rows().probe(found)]
-        return np.unique(found)
+        return np.sort(found)  # distinct: a key has one live row, found in one run
 
-    def located(self, owner: Any, keys: pa.Array) -> np.ndarray:
-        """`locate(keys)`, kept per `owner` (the immutable object the keys belong to, e.g. a region
-        view; compared by identity) for as long as this index lives."""
-        return self._kept(("located", owner), lambda: self.locate(keys))
-
-    def shadow(self, owners: Sequence[Any], keys: Callable[[Any], pa.Array]) -> BaseShadow:
-        """The `BaseShadow` of the keys of `owners` (`keys(owner)` for each), kept per tuple of owners."""
+    def view_shadow(self, view: Any) -> BaseShadow:
+        """The live base rows holding a key of `view` (a `RegionView`), kept per view for as long as
+        this index lives. A view that is its parent plus keys added on top (a flush) extends its
+        parent's shadow by the rows of the added keys instead of locating every key again."""
 
         def compute() -> BaseShadow:
-            parts = [self.located(o, keys(o)) for o in owners]
-            addrs = np.unique(np.concatenate(parts)) if len(parts) > 1 else (parts[0] if parts else None)
-            return BaseShadow(addrs if addrs is not None else np.empty(0, np.uint64), self.physical_rows)
+            parent = view.parent
+            if parent is not None and view.added is not None:
+                return self.view_shadow(parent).extended(self.locate(view.added.to_array()))
+            return BaseShadow(self.locate(view.keys.to_array()), self.physical_rows)
 
-        return self._kept(("shadow", *owners), compute)
+        return self._kept(("view", view), compute)
 
     def _kept(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
         ids = tuple(id(k) for k in key)
@@ -332,13 +330,27 @@ class BaseShadow:
     bitmaps to drop them from a scan and counts per row-address range."""
 
     def __init__(self, addrs: np.ndarray, physical_rows: dict[int, int]) -> None:
-        self.addrs = np.sort(addrs) if len(addrs) else np.empty(0, np.uint64)
+        self.addrs = np.sort(addrs) if len(addrs) else np.empty(0, np.uint64)  # distinct
         self._physical = physical_rows
         self._bitmaps: _Bitmaps | None = None
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.addrs)
+
+    def extended(self, addrs: np.ndarray) -> BaseShadow:
+        """This shadow plus the rows at `addrs` (sorted), as a new one."""
+        if not len(addrs):
+            return self
+        out = BaseShadow(np.empty(0, np.uint64), self._physical)
+        pos = np.searchsorted(self.addrs, addrs)
+        present = (
+            self.addrs[np.minimum(pos, len(self.addrs) - 1)] == addrs
+            if len(self.addrs)
+            else np.zeros(len(addrs), bool)
+        )
+        out.addrs = np.insert(self.addrs, pos[~present], addrs[~present])
+        return out
 
     def hidden(self, addrs: np.ndarray) -> np.ndarray:
         """Bool per row address: the row is shadowed."""

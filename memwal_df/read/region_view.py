@@ -25,7 +25,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +62,11 @@ class RegionView:
     row_keys: pa.Array  # per row, its key (`key_array` of the key columns)
     tombstone: np.ndarray  # per row, bool
     complete: bool  # every generation was read (a view of a collected generation is not kept)
+    parent: RegionView | None = field(default=None, repr=False, compare=False)
+    added: KeySet | None = field(default=None, repr=False, compare=False)
+    """When the view is its `parent` with generations added on top (a flush, no merge): the keys of
+    their rows. Its keys are then the parent's plus these, which lets state derived from the parent
+    be patched instead of recomputed."""
 
     @property
     def live(self) -> int:
@@ -173,12 +178,13 @@ def _view(
     key_type: pa.DataType,
     complete: bool,
 ) -> RegionView:
-    tomb = (
-        rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
-        if rows.num_rows
-        else np.zeros(0, bool)
-    )
-    return RegionView(region_id, ids, rows, gens, KeySet(keys, key_type), keys, tomb, complete)
+    return RegionView(region_id, ids, rows, gens, KeySet(keys, key_type), keys, _tombstones(rows), complete)
+
+
+def _tombstones(rows: pa.Table) -> np.ndarray:
+    if not rows.num_rows:
+        return np.zeros(0, bool)
+    return np.asarray(rows.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _bottom_and_top(removed: set[int], kept: set[int], added: set[int]) -> bool:
@@ -218,7 +224,14 @@ def advance_view(prev: RegionView, levels: Sequence[GenerationLevel], shape: Vie
         rows = pa.concat_tables([top, old]).combine_chunks()
         gens = np.concatenate([top_gens, prev.generation_of[keep]])
         keys = pa.concat_arrays([top_keys, old_keys])
-    return _view(prev.region_id, ids, rows, gens, keys, key_type, complete and prev.complete)
+    complete = complete and prev.complete
+    if removed_gens:
+        return _view(prev.region_id, ids, rows, gens, keys, key_type, complete)
+    added_keys = KeySet(top_keys, key_type)
+    key_set = KeySet.merge([prev.keys, added_keys], key_type)
+    return RegionView(
+        prev.region_id, ids, rows, gens, key_set, keys, _tombstones(rows), complete, prev, added_keys
+    )
 
 
 class ViewCache:

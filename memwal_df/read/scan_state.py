@@ -98,8 +98,8 @@ class ScanState:
         return base_key_index(self.table, s.base, s.storage, self.shape.primary_key, self.shape.key_type)
 
     def shadow(self) -> list[BaseShadow]:
-        """The base rows the scanned regions shadow, in disjoint parts: the flushed generations' (kept
-        with the base key index, per set of views), then the MemTable copies' not among them."""
+        """The base rows the scanned regions shadow, in disjoint parts: each region view's (kept with the
+        base key index, per view), then the MemTable copies' not among them."""
         with self._lock:
             if self._shadow is None:
                 self._shadow = self._compute_shadow()
@@ -110,12 +110,12 @@ class ScanState:
         if not rows:
             return []
         index = self.base_index()
-        flushed = index.shadow(tuple(r.view for r in rows), lambda view: view.row_keys)
-        parts = [flushed] if len(flushed) else []
+        parts = [shadow for r in rows if len(shadow := index.view_shadow(r.view))]
         tops = [r.top for r in rows if r.top is not None and r.top.rows.num_rows]
         if tops:
-            addrs = np.unique(np.concatenate([index.locate(t.row_keys) for t in tops]))
-            fresh = addrs[~flushed.hidden(addrs)] if len(flushed) else addrs
-            if len(fresh):
-                parts.append(BaseShadow(fresh, index.physical_rows))
+            addrs = np.sort(np.concatenate([index.locate(t.keys.to_array()) for t in tops]))
+            for part in parts:
+                addrs = addrs[~part.hidden(addrs)]
+            if len(addrs):
+                parts.append(BaseShadow(addrs, index.physical_rows))
         return parts
