@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from memwal_df.format.deletion_files import deleted_offsets, roaring_values
 from memwal_df.format.open_storage import open_storage
-from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, fragment_signatures
+from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, fragment_signatures
 from memwal_df.read.exec.masked_scan import MaskedScanExec, fragment_rows
 from memwal_df.read.spans import base_spans
 
@@ -126,13 +126,14 @@ def test_patched_index_locates_what_a_fresh_one_does(tmp_path_factory, changes, 
 
 
 def _check_masked_scans(ds: lance.LanceDataset, index: BaseKeyIndex, keys: np.ndarray) -> None:
-    shadow = BaseShadow(index.locate(pa.array(keys)), index.physical_rows)
+    part = BaseShadow(index.locate(pa.array(keys)), index.physical_rows)
+    shadow = ShadowSet([part], lambda: index.mask([part]))
     want = _live(ds).filter(pa.array(~np.isin(_live(ds).column("id").to_numpy(), keys)))
     for live in (True, False):
         fragments = [(f.fragment_id, fragment_rows(f, live)) for f in ds.get_fragments()]
         spans = base_spans(fragments, 3, 1)
         scans = [
-            MaskedScanExec(ds, s, cols, None, lambda: [shadow], live=live, counts_all=i == 0)
+            MaskedScanExec(ds, s, cols, None, lambda: shadow, live=live, counts_all=i == 0)
             for i, s in enumerate(spans)
             for cols in (["id"],)
         ]
@@ -143,7 +144,7 @@ def _check_masked_scans(ds: lance.LanceDataset, index: BaseKeyIndex, keys: np.nd
         counts = [
             b.num_rows
             for i, s in enumerate(spans)
-            for b in MaskedScanExec(ds, s, [], None, lambda: [shadow], live=live, counts_all=i == 0).execute()
+            for b in MaskedScanExec(ds, s, [], None, lambda: shadow, live=live, counts_all=i == 0).execute()
         ]
         assert sum(counts) == want.num_rows
 

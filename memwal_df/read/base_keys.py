@@ -37,6 +37,7 @@ from memwal_df.read.keys import key_array
 
 __all__ = [
     "BASE_KEYS",
+    "ShadowSet",
     "BaseKeyIndex",
     "BaseShadow",
     "base_key_index",
@@ -105,36 +106,50 @@ def _deleted_addrs(ds: lance.LanceDataset, storage: Storage | None, fragment: An
 
 
 class _Bitmaps:
-    """One bit per physical row of some fragments, set for the given row addresses; probed with row
-    addresses of any fragment (one flat bool array and a fragment -> start table: no per-fragment loop)."""
+    """One bit per physical row of a base version's fragments (one flat bool array and a fragment ->
+    start table), set for the given row addresses; probed with row addresses. Addresses outside the
+    fragments given are never set and probe as unset."""
 
     def __init__(self, addrs: np.ndarray, physical_rows: dict[int, int]) -> None:
-        if len(addrs) > 1 and (addrs[1:] < addrs[:-1]).any():
-            addrs = np.sort(addrs)
-        frags = (addrs >> np.uint64(32)).astype(np.int64)
-        offsets = (addrs & _OFFSET_MASK).astype(np.int64)
-        ids = frags[np.r_[True, frags[1:] != frags[:-1]]] if len(frags) else np.empty(0, np.int64)
-        last = np.searchsorted(frags, ids, side="right") - 1  # each fragment's highest offset
-        sizes = np.array([physical_rows.get(int(f), 0) for f in ids], dtype=np.int64)
-        sizes = np.maximum(sizes, offsets[last] + 1) if len(ids) else sizes
+        ids = np.array(sorted(physical_rows), dtype=np.int64)
+        sizes = np.array([physical_rows[int(f)] for f in ids], dtype=np.int64)
         self._start = np.full(int(ids[-1]) + 1 if len(ids) else 0, -1, dtype=np.int64)
-        self._start[ids] = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self._sizes = np.zeros(len(self._start), dtype=np.int64)
-        self._sizes[ids] = sizes
+        if len(ids):
+            self._start[ids] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            self._sizes[ids] = sizes
         self._bits = np.zeros(int(sizes.sum()), dtype=bool)
-        self._bits[self._start[frags] + offsets] = True
+        self.set(addrs)
 
-    def probe(self, addrs: np.ndarray) -> np.ndarray:
-        """Bool per address: its bit is set."""
-        out = np.zeros(len(addrs), dtype=bool)
-        if not len(self._bits) or not len(addrs):
-            return out
+    def set(self, addrs: np.ndarray) -> None:
+        if len(addrs):
+            index, inside = self._positions(addrs)
+            self._bits[index[inside]] = True
+
+    def _positions(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each address's position in the flat array, and whether it is inside a known fragment."""
         frags = (addrs >> np.uint64(32)).astype(np.int64)
         offsets = (addrs & _OFFSET_MASK).astype(np.int64)
         known = frags < len(self._start)
-        start = np.where(known, self._start[np.where(known, frags, 0)], -1)
-        inside = (start >= 0) & (offsets < np.where(known, self._sizes[np.where(known, frags, 0)], 0))
-        out[inside] = self._bits[start[inside] + offsets[inside]]
+        clipped = np.where(known, frags, 0)
+        start = np.where(known, self._start[clipped], -1)
+        inside = (start >= 0) & (offsets < self._sizes[clipped])
+        return start + offsets, inside
+
+    def probe(self, addrs: np.ndarray) -> np.ndarray:
+        """Bool per address: its bit is set."""
+        if not len(self._bits) or not len(addrs):
+            return np.zeros(len(addrs), dtype=bool)
+        first = int(addrs[0] >> np.uint64(32))
+        if first < len(self._start) and self._start[first] >= 0:
+            # the common case: a batch of one fragment's rows (Lance reads fragment by fragment)
+            base, size = int(self._start[first]), int(self._sizes[first])
+            offsets = addrs - np.uint64(first << 32)
+            if int(offsets.max()) < size:  # every address is of that fragment
+                return self._bits[base + offsets.astype(np.int64)]
+        index, inside = self._positions(addrs)
+        out = np.zeros(len(addrs), dtype=bool)
+        out[inside] = self._bits[index[inside]]
         return out
 
 
@@ -309,6 +324,17 @@ class BaseKeyIndex:
 
         return self._kept(("view", view), compute)
 
+    def mask(self, parts: Sequence[BaseShadow]) -> _Bitmaps:
+        """One bitmap of the rows any of `parts` shadows, kept per tuple of parts."""
+
+        def compute() -> _Bitmaps:
+            bits = _Bitmaps(np.empty(0, np.uint64), self.physical_rows)
+            for part in parts:
+                bits.set(part.addrs)
+            return bits
+
+        return self._kept(("mask", *parts), compute)
+
     def _kept(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
         ids = tuple(id(k) for k in key)
         with self._lock:
@@ -365,6 +391,32 @@ class BaseShadow:
         """The number of shadowed rows with a row address in `[start, stop)`."""
         lo, hi = np.searchsorted(self.addrs, np.array([start, stop], dtype=np.uint64))
         return int(hi - lo)
+
+
+class ShadowSet:
+    """The union of disjoint `BaseShadow`s (one per region view, one for MemTable copies): sizes and
+    counts from the parts, membership through one bitmap of them all (built on first probe)."""
+
+    def __init__(self, parts: Sequence[BaseShadow], mask: Callable[[], _Bitmaps] | None = None) -> None:
+        self.parts = list(parts)
+        self._mask = mask
+        self._bits: _Bitmaps | None = None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def hidden(self, addrs: np.ndarray) -> np.ndarray:
+        """Bool per row address: the row is shadowed."""
+        if not self.parts or self._mask is None:
+            return np.zeros(len(addrs), dtype=bool)
+        with self._lock:
+            if self._bits is None:
+                self._bits = self._mask()
+        return self._bits.probe(addrs)
+
+    def count_between(self, start: int, stop: int) -> int:
+        return sum(p.count_between(start, stop) for p in self.parts)
 
 
 class _IndexCache:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, base_key_index
+from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, base_key_index
 from memwal_df.read.keys import KeySet
 from memwal_df.read.levels import GenerationLevel, MemTableLevel
 from memwal_df.read.region_view import RegionView, ViewShape, region_view, view_of_tables
@@ -70,7 +70,7 @@ class ScanState:
         self.shape = shape
         self._lock = threading.RLock()
         self._rows: dict[uuid.UUID, RegionRows] = {}
-        self._shadow: list[BaseShadow] | None = None
+        self._shadow: ShadowSet | None = None
 
     @property
     def table(self) -> str:
@@ -97,7 +97,7 @@ class ScanState:
         s = self.snapshot
         return base_key_index(self.table, s.base, s.storage, self.shape.primary_key, self.shape.key_type)
 
-    def shadow(self) -> list[BaseShadow]:
+    def shadow(self) -> ShadowSet:
         """The base rows the scanned regions shadow, in disjoint parts: each region view's (kept with the
         base key index, per view), then the MemTable copies' not among them."""
         with self._lock:
@@ -105,10 +105,10 @@ class ScanState:
                 self._shadow = self._compute_shadow()
             return self._shadow
 
-    def _compute_shadow(self) -> list[BaseShadow]:
+    def _compute_shadow(self) -> ShadowSet:
         rows = [self.region(r) for r in self.regions if r.levels]
         if not rows:
-            return []
+            return ShadowSet([])
         index = self.base_index()
         parts = [shadow for r in rows if len(shadow := index.view_shadow(r.view))]
         tops = [r.top for r in rows if r.top is not None and r.top.rows.num_rows]
@@ -118,4 +118,4 @@ class ScanState:
                 addrs = addrs[~part.hidden(addrs)]
             if len(addrs):
                 parts.append(BaseShadow(addrs, index.physical_rows))
-        return parts
+        return ShadowSet(parts, lambda: index.mask(parts))

@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_df.read.base_keys import BaseShadow, fragment_signature
+from memwal_df.read.base_keys import ShadowSet, fragment_signature
 from memwal_df.read.batches import count_batch
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.lance_filter import split_for_lance
@@ -54,7 +54,7 @@ class MaskedScanExec(ExecNode):
         span: BaseSpan,
         columns: Sequence[str],
         filter: Any,
-        shadow: Callable[[], Sequence[BaseShadow]],
+        shadow: Callable[[], ShadowSet],
         *,
         live: bool,
         counts_all: bool,
@@ -97,10 +97,10 @@ class MaskedScanExec(ExecNode):
                 out.append((fragment, lo, hi, lo == 0 and hi == rows))
         return out
 
-    def _count(self, shadow: Sequence[BaseShadow]) -> int:
+    def _count(self, shadow: ShadowSet) -> int:
         """The live, unshadowed rows of the whole base version."""
         live = sum(fragment_rows(f, True) for f in self.base.get_fragments())
-        return live - sum(len(p) for p in shadow)
+        return live - len(shadow)
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         shadow = self.shadow()
@@ -113,14 +113,11 @@ class MaskedScanExec(ExecNode):
         needed = list(self.columns)
         if residual is not None:
             needed = list(dict.fromkeys([*needed, *sorted(referenced_columns(residual))]))
-        for batch in self._scan(needed, sql, with_addr=bool(shadow) or not needed):
+        for batch in self._scan(needed, sql, with_addr=bool(len(shadow)) or not needed):
             if not batch.num_rows:
                 continue
-            if shadow:
-                addrs = batch.column(_ADDR).to_numpy()
-                hidden = shadow[0].hidden(addrs)
-                for part in shadow[1:]:
-                    hidden |= part.hidden(addrs)
+            if len(shadow):
+                hidden = shadow.hidden(batch.column(_ADDR).to_numpy())
                 if hidden.any():
                     batch = batch.filter(pa.array(~hidden))
             if batch.num_rows and residual is not None:
