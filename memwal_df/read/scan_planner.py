@@ -152,10 +152,15 @@ def _plan_view_scan(
     shape = ViewShape.of(snapshot.schema.schema, snapshot.schema.primary_key, key_type(snapshot))
     state = ScanState(snapshot, [r for r in regions if r.levels], shape)
 
-    def region_scan(region: RegionLevels) -> MakeNode:
-        return lambda cols: RegionRowsExec(str(region.region_id), lambda: state.region(region), cols, filter)
+    def region_scan(region: RegionLevels, cols: Sequence[str]) -> ExecNode:
+        return RegionRowsExec(str(region.region_id), lambda: state.region(region), cols, filter)
 
-    out = [Partition(f"region {r.region_id}", region_scan(r)) for r in state.regions]
+    # The regions' rows are in memory: one partition reads them all (a partition costs DataFusion a
+    # round trip into Python; a region's rows take less than that to filter).
+    out = []
+    if state.regions:
+        label = f"regions {', '.join(str(r.region_id)[:8] for r in state.regions)}"
+        out.append(Partition(label, lambda cols: UnionExec([region_scan(r, cols) for r in state.regions])))
     live = filter is None  # Lance applies offset and limit after a filter: split by `_rowaddr` then
     fragments = [(f.fragment_id, fragment_rows(f, live)) for f in snapshot.base.get_fragments()]
 
