@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.keys import KeySet, key_array
@@ -215,7 +216,10 @@ def advance_view(prev: RegionView, levels: Sequence[GenerationLevel], shape: Vie
     if removed_gens:
         keep &= prev.generation_of > max(removed_gens)
     if top.num_rows and prev.rows.num_rows:
-        keep &= ~KeySet(top_keys, key_type).contains(prev.row_keys)
+        # a hash probe of the view's (unsorted) keys into the few added ones
+        keep &= ~np.asarray(
+            pc.is_in(prev.row_keys, value_set=top_keys).to_numpy(zero_copy_only=False), dtype=bool
+        )
     old = prev.rows.filter(pa.array(keep)) if not keep.all() else prev.rows
     old_keys = prev.row_keys.filter(pa.array(keep)) if not keep.all() else prev.row_keys
     if top.num_rows == 0:
