@@ -99,17 +99,18 @@ def plan_scan(
     filter: Any,
     column_predicates: dict[str, list[Any]],
     partitions: int | None = None,
+    one_region_partition: bool = True,
 ) -> list[Partition]:
-    """Partitions of a scan: one per region with levels to read (with its gap generations when the
-    base is read through a behind index), then up to `partitions` (default: one per core) spans of the
-    base table's rows."""
+    """Partitions of a scan: the regions with levels to read (one partition for all of them when
+    `one_region_partition` and their rows are read from region views, else one each), then up to
+    `partitions` (default: one per core) spans of the base table's rows."""
     pk = snapshot.schema.primary_key
     ktype = key_type(snapshot)
     coverage = index_coverage(snapshot, column_predicates) if column_predicates else None
     plan = coverage.plan if coverage is not None else None
     pruned = prune_regions(snapshot, specs, column_predicates)
     if plan is None and all(scannable(r) for r in pruned):
-        return _plan_view_scan(snapshot, pruned, filter, partitions, _note(coverage))
+        return _plan_view_scan(snapshot, pruned, filter, partitions, _note(coverage), one_region_partition)
     gap = plan.gap if plan is not None else {}
     regions = [replace(r, levels=[*r.levels, *gap.get(r.region_id, [])]) for r in pruned]
     keys = [LevelKeys(r, pk, ktype) for r in regions if r.levels]
@@ -146,6 +147,7 @@ def _plan_view_scan(
     filter: Any,
     partitions: int | None,
     note: str,
+    one_region_partition: bool,
 ) -> list[Partition]:
     """The scan from region views and the base key index: one `RegionRowsExec` per region with levels,
     then the base cut into spans, each a `MaskedScanExec` (see `memwal_df.read.scan_state`)."""
@@ -155,12 +157,14 @@ def _plan_view_scan(
     def region_scan(region: RegionLevels, cols: Sequence[str]) -> ExecNode:
         return RegionRowsExec(str(region.region_id), lambda: state.region(region), cols, filter)
 
-    # The regions' rows are in memory: one partition reads them all (a partition costs DataFusion a
-    # round trip into Python; a region's rows take less than that to filter).
+    # The regions' rows are in memory: in one process, one partition reads them all (a partition
+    # costs DataFusion a round trip into Python; a region's rows take less than that to filter).
     out = []
-    if state.regions:
+    if one_region_partition and state.regions:
         label = f"regions {', '.join(str(r.region_id)[:8] for r in state.regions)}"
         out.append(Partition(label, lambda cols: UnionExec([region_scan(r, cols) for r in state.regions])))
+    elif state.regions:
+        out += [Partition(f"region {r.region_id}", _region_partition(region_scan, r)) for r in state.regions]
     live = filter is None  # Lance applies offset and limit after a filter: split by `_rowaddr` then
     fragments = [(f.fragment_id, fragment_rows(f, live)) for f in snapshot.base.get_fragments()]
 
@@ -175,6 +179,12 @@ def _plan_view_scan(
     if not out:
         out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out
+
+
+def _region_partition(
+    scan: Callable[[RegionLevels, Sequence[str]], ExecNode], region: RegionLevels
+) -> MakeNode:
+    return lambda cols: scan(region, cols)
 
 
 def _note(coverage: Coverage | None) -> str:
