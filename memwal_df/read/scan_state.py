@@ -17,11 +17,12 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+import pyarrow.compute as pc
 
 from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, base_key_index
-from memwal_df.read.keys import KeySet
 from memwal_df.read.levels import GenerationLevel, MemTableLevel
 from memwal_df.read.region_view import RegionView, ViewShape, region_view, view_of_tables
 from memwal_df.read.snapshot import ReadSnapshot, RegionLevels
@@ -43,21 +44,24 @@ def scannable(region: RegionLevels) -> bool:
 @dataclass(frozen=True)
 class RegionRows:
     """A region's newest rows: `top` (its MemTable copies deduplicated, or None) over `view`, whose rows
-    `top` holds the key of are older versions; `top_keys` the keys of `top`."""
+    of keys `top` holds are older versions."""
 
     view: RegionView
     top: RegionView | None
 
-    @property
-    def top_keys(self) -> KeySet | None:
-        return None if self.top is None else self.top.keys
-
-    def tables(self) -> list[tuple[RegionView, KeySet | None]]:
-        """The views to read newest first, each with the keys newer views hold."""
-        out: list[tuple[RegionView, KeySet | None]] = []
+    @cached_property
+    def live(self) -> list[tuple[RegionView, np.ndarray]]:
+        """The views to read, newest first, each with a bool per row: the row is the newest version of
+        its key (no newer view holds the key) and not a tombstone."""
+        out = []
         if self.top is not None:
-            out.append((self.top, None))
-        out.append((self.view, self.top_keys))
+            out.append((self.top, ~self.top.tombstone))
+        keep = ~self.view.tombstone
+        if self.top is not None and self.top.rows.num_rows and len(keep):
+            # a hash probe of the view's (unsorted) keys into the MemTable copies' keys
+            newer = pc.is_in(self.view.row_keys, value_set=self.top.row_keys)
+            keep &= ~np.asarray(newer.to_numpy(zero_copy_only=False), dtype=bool)
+        out.append((self.view, keep))
         return out
 
 

@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from memwal_df.read.batches import count_batch
 from memwal_df.read.exec.base import ExecNode
-from memwal_df.read.region_view import RegionView
 from memwal_df.read.scan_state import RegionRows
 
 __all__ = ["RegionRowsExec"]
@@ -45,8 +44,7 @@ class RegionRowsExec(ExecNode):
         region = self.rows()
         gens = [g for g, _ in region.view.generations]
         self._described = f" view of generations {gens}" + (" under MemTable copies" if region.top else "")
-        for view, newer in region.tables():
-            keep = _live(view, newer)
+        for view, keep in region.live:
             if not keep.any():
                 continue
             if not self.columns and self.filter is None:
@@ -61,11 +59,3 @@ class RegionRowsExec(ExecNode):
                 yield count_batch(rows.num_rows)
                 continue
             yield from rows.select(self.columns).combine_chunks().to_batches()
-
-
-def _live(view: RegionView, newer: Any) -> np.ndarray:
-    """Bool per view row: not a tombstone and its key in no newer view."""
-    keep = ~view.tombstone
-    if newer is not None and len(newer) and len(keep):
-        keep &= ~newer.contains(view.row_keys)
-    return keep
