@@ -99,3 +99,40 @@ def test_a_flush_patches_the_view_a_merge_trims_it(tmp_path):
         assert view().rows.num_rows == 0 and (views.builds, views.advances) == (1, 3)
     finally:
         writer.close()
+
+
+def test_a_base_too_large_to_index_is_anti_joined_by_key(tmp_path, monkeypatch):
+    """Both base plans (row mask from the key index, anti-join by key) return the model's rows."""
+    from memwal_df.read import scan_planner
+
+    uri = str(tmp_path / "t")
+    base = pa.table({"id": pa.array(np.arange(300), pa.int64()), "v": pa.array(np.zeros(300))})
+    table = mw.create_table(uri, base, primary_key="id", region_spec=mw.bucket("id", 2))
+    writer = table.writer()
+    model = {i: 0.0 for i in range(300)}
+    try:
+        for step, keys in enumerate(([1, 5, 400], [5, 6, 401], [7, 1])):
+            writer.put(pa.table({"id": pa.array(keys, pa.int64()), "v": pa.array([step + 1.0] * len(keys))}))
+            model.update({k: step + 1.0 for k in keys})
+            writer.flush()
+            if step == 1:
+                table.merge()  # the base gets deletion files and a new fragment
+        writer.delete(pa.table({"id": pa.array([6, 2], pa.int64())}))
+        for k in (6, 2):
+            model.pop(k)
+        writer.put(pa.table({"id": pa.array([9], pa.int64()), "v": pa.array([9.0])}))
+        model[9] = 9.0
+        for limit in (scan_planner.MAX_INDEXED_BASE_ROWS, 0):
+            monkeypatch.setattr(scan_planner, "MAX_INDEXED_BASE_ROWS", limit)
+            for reader in (mw.MemWalTable(uri, writer=writer),):
+                got = reader.to_table().sort_by("id")
+                assert (
+                    dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist(), strict=True)) == model
+                )
+                assert reader.to_table(columns=[]).num_rows == len(model)
+                plan = reader.explain()
+                assert ("MaskedScanExec" in plan) == (limit > 0) and ("AntiJoinScanExec" in plan) == (
+                    limit == 0
+                )
+    finally:
+        writer.close()

@@ -42,6 +42,10 @@ from memwal_df.read.spans import BaseSpan, base_spans
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
 
+MAX_INDEXED_BASE_ROWS = 16_000_000
+"""A larger base is not given a key index (16 bytes a row in memory): its scans drop the keys newer
+levels hold by comparing keys (`AntiJoinScanExec`) instead of row addresses."""
+
 MIN_SPAN_ROWS = 65_536
 """Base partitions are not cut smaller: every Lance scan has a fixed cost to start."""
 
@@ -165,10 +169,16 @@ def _plan_view_scan(
         out.append(Partition(label, lambda cols: UnionExec([region_scan(r, cols) for r in state.regions])))
     elif state.regions:
         out += [Partition(f"region {r.region_id}", _region_partition(region_scan, r)) for r in state.regions]
-    live = filter is None  # Lance applies offset and limit after a filter: split by `_rowaddr` then
+    indexed = sum(fragment_rows(f, False) for f in snapshot.base.get_fragments()) <= MAX_INDEXED_BASE_ROWS
+    live = indexed and filter is None  # Lance applies offset and limit after a filter: `_rowaddr` then
     fragments = [(f.fragment_id, fragment_rows(f, live)) for f in snapshot.base.get_fragments()]
+    pk = snapshot.schema.primary_key
 
     def base_scan(span: BaseSpan, first: bool) -> MakeNode:
+        if not indexed:
+            return lambda cols: AntiJoinScanExec(
+                snapshot.base, span, pk, cols, filter, state.shadow_keys, note
+            )
         return lambda cols: MaskedScanExec(
             snapshot.base, span, cols, filter, state.shadow, live=live, counts_all=first, note=note
         )

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, base_key_index
+from memwal_df.read.keys import KeySet
 from memwal_df.read.levels import GenerationLevel, MemTableLevel
 from memwal_df.read.region_view import RegionView, ViewShape, region_view, view_of_tables
 from memwal_df.read.snapshot import ReadSnapshot, RegionLevels
@@ -75,6 +76,7 @@ class ScanState:
         self._lock = threading.RLock()
         self._rows: dict[uuid.UUID, RegionRows] = {}
         self._shadow: ShadowSet | None = None
+        self._keys: KeySet | None = None
 
     @property
     def table(self) -> str:
@@ -96,6 +98,15 @@ class ScanState:
             tables = [m.table for m in memtables]
             top = view_of_tables(region.region_id, tables, [m.generation for m in memtables], self.shape)
         return RegionRows(view, top)
+
+    def shadow_keys(self) -> KeySet:
+        """Every key the scanned regions' levels hold (for an anti-join by key, when the base is too
+        large to index)."""
+        with self._lock:
+            if self._keys is None:
+                sets = [v.keys for r in self.regions if r.levels for v, _ in self.region(r).live]
+                self._keys = KeySet.merge(sets, self.shape.key_type)
+            return self._keys
 
     def base_index(self) -> BaseKeyIndex:
         s = self.snapshot
