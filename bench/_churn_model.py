@@ -2,8 +2,8 @@
 sequence number of the acknowledged write that set it, plus the newest vector and text of each key
 for the exact search checks at quiescent points.
 
-Writes are numbered 1, 2, ... in the order the single writer starts them; state `S_i` is the table
-after write `i` was acknowledged (`S_0`: the base). A query that began after write `a` was
+Writes are numbered 1, 2, ... in the order the single writer starts them, and recorded before they
+start; state `S_i` is the table after write `i` (`S_0`: the base). A query that began after write `a` was
 acknowledged and ended before write `c + 1` was started may show any state in `S_a .. S_c` per key
 (its levels are read at different moments): `Window(a, c)`. The checks:
 
@@ -61,48 +61,50 @@ class Model:
         self.text[:n] = base.column("text").to_pylist()
         self.history: dict[int, list[tuple[int, float]]] = {}  # keys written since the base
         self.counts = [n]  # live rows in S_i
-        self.started = 0  # writes started
+        self.started = 0  # writes started (and recorded)
         self.acked = 0  # writes acknowledged
         self.next_key = n  # the first key never written
 
     # ----------------------------------------------------------------------------------- recording
 
-    def begin(self) -> int:
-        """Number the next write (call right before it starts)."""
-        with self._lock:
-            self.started += 1
-            return self.started
-
-    def ack_put(self, seq: int, rows: pa.Table) -> None:
-        """Write `seq` (an upsert of `rows`) was acknowledged."""
+    def begin_put(self, rows: pa.Table) -> int:
+        """Number the upsert of `rows` and record it; call right before it starts (a query running
+        meanwhile may see it or not: the window's last state is the newest write started)."""
         ids = rows.column("id").to_numpy()
-        values = rows.column("value").to_numpy()
         vecs = rows.column("vec").combine_chunks().flatten().to_numpy().reshape(len(ids), -1)
         with self._lock:
-            self._grow(int(ids.max()) + 1)
-            self._record(seq, ids, values)
+            seq = self._record(ids, rows.column("value").to_numpy())
             self.vec[ids] = vecs
             self.text[ids] = rows.column("text").to_pylist()
+            return seq
 
-    def ack_delete(self, seq: int, ids: np.ndarray) -> None:
-        """Write `seq` (a delete of `ids`) was acknowledged."""
+    def begin_delete(self, ids: np.ndarray) -> int:
+        """Number the delete of `ids` and record it; call right before it starts."""
         with self._lock:
-            self._grow(int(ids.max()) + 1)
-            self._record(seq, ids, np.full(len(ids), ABSENT))
+            return self._record(ids, np.full(len(ids), ABSENT))
 
-    def _record(self, seq: int, ids: np.ndarray, values: np.ndarray) -> None:
-        if seq != self.acked + 1:
-            raise RuntimeError(f"write {seq} acknowledged after {self.acked}: one writer, in order")
+    def ack(self, seq: int) -> None:
+        """Write `seq` was acknowledged."""
+        with self._lock:
+            if seq != self.acked + 1 or seq > self.started:
+                raise RuntimeError(f"write {seq} acknowledged after {self.acked}: one writer, in order")
+            self.acked = seq
+
+    def _record(self, ids: np.ndarray, values: np.ndarray) -> int:
+        if self.started != self.acked:
+            raise RuntimeError(f"write {self.started} is still in flight: one writer, one write at a time")
+        self._grow(int(ids.max()) + 1)
+        self.started += 1
+        seq = self.started
         old = self.value[ids]
         for key, was, new in zip(ids.tolist(), old.tolist(), values.tolist(), strict=True):
             self.history.setdefault(key, [(0, was)]).append((seq, new))
         self.value[ids] = values
         self.last_seq[ids] = seq
-        self.counts.append(
-            self.counts[-1] + int(np.count_nonzero(~np.isnan(values))) - int(np.count_nonzero(~np.isnan(old)))
-        )
-        self.acked = seq
+        live = int(np.count_nonzero(~np.isnan(values))) - int(np.count_nonzero(~np.isnan(old)))
+        self.counts.append(self.counts[-1] + live)
         self.next_key = max(self.next_key, int(ids.max()) + 1)
+        return seq
 
     def _grow(self, size: int) -> None:
         cap = len(self.value)
@@ -218,7 +220,7 @@ class Bm25Reference:
     """BM25 over a fixed set of documents (Lance's `simple` tokenizer on ASCII text: lower-cased runs
     of letters and digits), every document counted in the corpus statistics."""
 
-    def __init__(self, keys: np.ndarray, texts: Sequence[str | None]) -> None:
+    def __init__(self, keys: np.ndarray, texts: Sequence[str | None] | np.ndarray) -> None:
         arr = pa.array(list(texts), pa.string())
         keep = pc.is_valid(arr)
         self.keys = keys[np.asarray(keep)]

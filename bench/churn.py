@@ -37,6 +37,7 @@ new base version (count, p50, max), and the ratios to the frozen p50; `--json` w
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -125,17 +126,17 @@ class ChurnWriter(threading.Thread):
             [self.rng.choice(top, n_upd, replace=False), np.arange(top, top + self.batch - n_upd)]
         ).astype(np.int64)
         rows = make_rows(self.rng, ids, self.vocab).combine_chunks()
-        seq = self.model.begin()
+        seq = self.model.begin_put(rows)
         self.w.put(rows)
-        self.model.ack_put(seq, rows)
+        self.model.ack(seq)
         self.recent = ids
         self.rows += len(ids)
         n_del = round(self.batch * self.delete_fraction)
         if n_del:
             gone = self.rng.choice(top, min(n_del, top), replace=False).astype(np.int64)
-            seq = self.model.begin()
+            seq = self.model.begin_delete(gone)
             self.w.delete(pa.table({"id": pa.array(gone, pa.int64())}))
-            self.model.ack_delete(seq, gone)
+            self.model.ack(seq)
 
     def pause(self) -> None:
         self.paused.set()
@@ -218,7 +219,7 @@ class Reader:
             key = (
                 int(self.rng.choice(recent)) if i % 2 == 0 else int(self.rng.integers(0, top + top // 50 + 1))
             )
-            out.append((LOOKUP, lambda key=key: self.lookup(key)))
+            out.append((LOOKUP, functools.partial(self.lookup, key)))
         out.append((COUNT, self.count))
         out.append((FILTER, self.filter))
         q = self.rng.standard_normal(DIM, dtype=np.float32)
@@ -502,6 +503,7 @@ def report(
         data = {
             "config": config | {"git": git_state()},
             "queries": rows,
+            "table": markdown(rows),
             "rows_written": writer.rows,
             "writes": reader.model.acked,
             "base_versions": versions,

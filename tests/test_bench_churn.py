@@ -14,6 +14,7 @@ import datafusion
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.benches import load_report
 from support.search_oracle import bm25, make_rows
 
 import memwal_df as mw
@@ -37,7 +38,6 @@ def base(n: int) -> pa.Table:
 
 
 def put(model: Model, ids: list[int], values: list[float]) -> int:
-    seq = model.begin()
     rows = pa.table(
         {
             "id": pa.array(ids, pa.int64()),
@@ -46,13 +46,14 @@ def put(model: Model, ids: list[int], values: list[float]) -> int:
             "vec": pa.FixedSizeListArray.from_arrays(pa.array(np.ones(len(ids) * 2, np.float32)), 2),
         }
     )
-    model.ack_put(seq, rows)
+    seq = model.begin_put(rows)
+    model.ack(seq)
     return seq
 
 
 def delete(model: Model, ids: list[int]) -> int:
-    seq = model.begin()
-    model.ack_delete(seq, np.array(ids, np.int64))
+    seq = model.begin_delete(np.array(ids, np.int64))
+    model.ack(seq)
     return seq
 
 
@@ -71,6 +72,10 @@ def test_rows_are_right_only_if_some_state_of_the_window_held_them():
     assert [math.isnan(v) for v in m.values_in(2, Window(s1, s3))] == [False, True]  # 0.2, then deleted
     assert [math.isnan(v) for v in m.values_in(99, Window(0, s3))] == [True]  # never written
     assert m.count_range(Window(0, s3)) == (9, 11)  # 10 base; +1 new (12); -2 deleted; +1 back
+    in_flight = m.begin_delete(np.array([3]))  # started, not acknowledged: may be seen or not
+    assert m.window_start() == s3 and m.window_end() == in_flight
+    assert m.bad_rows(np.array([3]), np.array([0.3]), Window(s3, in_flight)) == []
+    assert [math.isnan(v) for v in m.values_in(3, Window(s3, in_flight))] == [False, True]
 
 
 def test_a_filter_must_hold_every_key_that_matched_throughout_the_window():
@@ -157,3 +162,4 @@ def test_a_tiny_run_under_churn_reports_every_query_kind_and_no_wrong_answer(tmp
         assert q["churn_queries"] > 0 and q["first_after_version_n"] > 0
         assert f"| {q['query']} | {q['frozen_p50_ms']:,.2f} | {q['p50_ms']:,.2f} |" in run.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["churn.json"]  # the table is deleted
+    assert data["table"] in run.stdout and data["table"] in "\n".join(load_report().churn_section(data)[0])
