@@ -15,9 +15,10 @@ words off) and IVF_PQ (vec, `--partitions`, 16 sub-vectors) indexes, 4 bucket re
    * this thread, reading through one DataFusion SessionContext with `MemWalTable(uri, writer=w)`
      registered once: `--lookups` point lookups (`id = k`, half of them keys of the last put), then
      `count(*)`, a filter (`value < 0.1`), `vector_search` (k = 10, `--nprobes`) and `fts` (k = 10,
-     1-3 words), round after round. Before each query it reads the base table's version: the first
-     query of each kind after the version changed (a merge, an index build or catch-up commit) is
-     also counted as "first after a new base version".
+     1-3 words), round after round. Before each query it reads the base table's version; when new
+     versions appeared, the next query of each kind is also counted as "first after a merge" if one
+     of them changed rows (its Lance transaction is not a `CreateIndex`), else as "first after an
+     index commit" (MemWAL index build, index catch-up).
    Every `--check-every` seconds the writer pauses for the quiescent checks below.
 3. Quiescent checks (frozen, during churn, at the end with the writer stopped): `fts` against BM25
    computed here over the model's live rows (scores and top-k exact), `vector_search` with every
@@ -26,8 +27,9 @@ words off) and IVF_PQ (vec, `--partitions`, 16 sub-vectors) indexes, 4 bucket re
 
 Every answer is checked against the model of bench/_churn_model.py, in the window of writes the query
 overlapped: a stale or wrong answer, or a query error, is a failure: all are printed and the exit
-code is 1. The report: per query kind, frozen p50, churn p50 / p99 / max, the first query after each
-new base version (count, p50, max), and the ratios to the frozen p50; `--json` writes it as data.
+code is 1. The report: per query kind, frozen p50, churn p50 / p99 / max, the first queries after a
+merge and after an index commit (count, p50, max), and the ratios p99 / frozen p50 and
+first-after-merge max / frozen p50; `--json` writes it as data.
 
     python bench/churn.py --small                 # base 50k, 60 s
     python bench/churn.py                         # base 1M, 180 s
@@ -91,7 +93,8 @@ def build(root: Path, args: argparse.Namespace) -> tuple[mw.Table, pa.Table, lis
 
 class ChurnWriter(threading.Thread):
     """Puts `rate` rows/s (half updates, half new keys), each put followed by a delete of random keys;
-    records every acknowledged write in the model. `pause()` returns once no write is in flight."""
+    records each write in the model before it starts and acknowledges it there once it returned.
+    `pause()` returns once no write is in flight."""
 
     def __init__(self, w: mw.TableWriter, model: Model, vocab: list[str], args: argparse.Namespace) -> None:
         super().__init__(name="churn-writer", daemon=True)
@@ -175,7 +178,8 @@ class Stats:
 
     frozen: list[float] = field(default_factory=list)
     churn: list[float] = field(default_factory=list)
-    first_after: list[float] = field(default_factory=list)
+    after_merge: list[float] = field(default_factory=list)  # first query after a merge commit
+    after_index: list[float] = field(default_factory=list)  # first after index commits only
 
 
 class Reader:
@@ -325,30 +329,58 @@ def frozen_phase(reader: Reader, args: argparse.Namespace) -> None:
     reader.quiescent(args.checks)
 
 
-def churn_phase(reader: Reader, writer: ChurnWriter, uri: str, args: argparse.Namespace) -> list[int]:
+def churn_phase(reader: Reader, writer: ChurnWriter, uri: str, args: argparse.Namespace) -> list[Commit]:
     """Query round after round for `--seconds`, with the quiescent checks every `--check-every`
-    seconds; the base versions seen, in order."""
-    versions = [lance.dataset(uri).version]
-    pending: set[str] = set()
+    seconds; the base table's commits seen, in order."""
+    commits = [Commit(lance.dataset(uri).version, "base")]
+    pending: dict[str, str] = {}  # query kind -> "merge" / "index": its next query is a first after
     end = time.perf_counter() + args.seconds
     next_check = time.perf_counter() + args.check_every
     while time.perf_counter() < end and writer.error is None:
         for kind, run in reader.one_of_each(writer.recent):
-            version = lance.dataset(uri).version
-            if version != versions[-1]:
-                versions.append(version)
-                pending = set(KINDS)
+            new = new_commits(uri, commits[-1].version)
+            if new:
+                commits += new
+                what = "merge" if any(c.is_merge for c in new) else "index"
+                pending = {k: "merge" if pending.get(k) == "merge" else what for k in KINDS}
             seconds = run()
             reader.stats[kind].churn.append(seconds)
             if kind in pending:
-                reader.stats[kind].first_after.append(seconds)
-                pending.discard(kind)
+                stats = reader.stats[kind]
+                (stats.after_merge if pending.pop(kind) == "merge" else stats.after_index).append(seconds)
         if time.perf_counter() >= next_check:
             writer.pause()
             reader.quiescent(args.checks)
             writer.resume()
             next_check = time.perf_counter() + args.check_every
-    return versions
+    return commits
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A base table version and the Lance operation that made it."""
+
+    version: int
+    operation: str
+
+    @property
+    def is_merge(self) -> bool:
+        """Rows changed (a merge of generations); index builds and catch-ups commit `CreateIndex`."""
+        return self.operation != "CreateIndex"
+
+
+def new_commits(uri: str, seen: int) -> list[Commit]:
+    """The base table's versions after `seen` with their operation (`unknown` when the version was
+    already cleaned up)."""
+    ds = lance.dataset(uri)
+    out = []
+    for v in range(seen + 1, ds.version + 1):
+        try:
+            operation = type(ds.read_transaction(v).operation).__name__
+        except Exception:  # cleaned up by the maintain loop meanwhile
+            operation = "unknown"
+        out.append(Commit(v, operation))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -370,14 +402,17 @@ def summarize(stats: dict[str, Stats]) -> list[dict[str, Any]]:
             "p50_ms": _ms(s.churn, 50),
             "p99_ms": _ms(s.churn, 99),
             "max_ms": _ms(s.churn, 100),
-            "first_after_version_n": len(s.first_after),
-            "first_after_version_p50_ms": _ms(s.first_after, 50),
-            "first_after_version_max_ms": _ms(s.first_after, 100),
+            "first_after_merge_n": len(s.after_merge),
+            "first_after_merge_p50_ms": _ms(s.after_merge, 50),
+            "first_after_merge_max_ms": _ms(s.after_merge, 100),
+            "first_after_index_n": len(s.after_index),
+            "first_after_index_p50_ms": _ms(s.after_index, 50),
+            "first_after_index_max_ms": _ms(s.after_index, 100),
         }
         frozen = row["frozen_p50_ms"]
         for name, of in (
             ("p99_over_frozen", "p99_ms"),
-            ("first_after_max_over_frozen", "first_after_version_max_ms"),
+            ("first_after_merge_max_over_frozen", "first_after_merge_max_ms"),
         ):
             row[name] = row[of] / frozen if frozen and row[of] is not None else None
         rows.append(row)
@@ -394,17 +429,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         return "-" if x is None else f"{x:,.1f}x"
 
     lines = [
-        "| query | frozen p50 ms | churn p50 ms | p99 ms | max ms | first after a new base version:"
-        " n, p50 / max ms | p99 / frozen p50 | first-after max / frozen p50 |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| query | frozen p50 ms | churn p50 ms | p99 ms | max ms | first after a merge: n, p50 / max ms"
+        " | first after an index commit: n, p50 / max ms | p99 / frozen p50"
+        " | first-after-merge max / frozen p50 |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         cells = [r["query"], ms(r["frozen_p50_ms"]), ms(r["p50_ms"]), ms(r["p99_ms"]), ms(r["max_ms"])]
-        cells.append(
-            f"{r['first_after_version_n']}, {ms(r['first_after_version_p50_ms'])}"
-            f" / {ms(r['first_after_version_max_ms'])}"
-        )
-        cells += [ratio(r["p99_over_frozen"]), ratio(r["first_after_max_over_frozen"])]
+        for after in ("merge", "index"):
+            cells.append(
+                f"{r[f'first_after_{after}_n']}, {ms(r[f'first_after_{after}_p50_ms'])}"
+                f" / {ms(r[f'first_after_{after}_max_ms'])}"
+            )
+        cells += [ratio(r["p99_over_frozen"]), ratio(r["first_after_merge_max_over_frozen"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -459,21 +496,21 @@ def run(args: argparse.Namespace, root: Path) -> int:
     maintain = start_maintain(t.uri, args, log)
     writer.start()
     try:
-        versions = churn_phase(reader, writer, t.uri, args)
+        commits = churn_phase(reader, writer, t.uri, args)
     finally:
         writer.stop.set()
         writer.join()
         maintain_code = stop_maintain(maintain)
     reader.quiescent(args.checks)
     w.close()
-    return report(args, reader, writer, versions, maintain_code, log.read_text(errors="replace"))
+    return report(args, reader, writer, commits, maintain_code, log.read_text(errors="replace"))
 
 
 def report(
     args: argparse.Namespace,
     reader: Reader,
     writer: ChurnWriter,
-    versions: list[int],
+    commits: list[Commit],
     maintain_code: int,
     log: str,
 ) -> int:
@@ -489,7 +526,8 @@ def report(
     problems = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
     print(
         f"\n{writer.rows:,} rows written in {reader.model.acked:,} writes over {args.seconds:.0f} s;"
-        f" {len(versions) - 1} new base versions; maintain exit code {maintain_code},"
+        f" {len(commits) - 1} base commits, {sum(c.is_merge for c in commits[1:])} of them merges;"
+        f" maintain exit code {maintain_code},"
         f" {len(problems)} error lines in its log; exact-check recall@{K} {recall}\n"
     )
     print(markdown(rows))
@@ -506,7 +544,7 @@ def report(
             "table": markdown(rows),
             "rows_written": writer.rows,
             "writes": reader.model.acked,
-            "base_versions": versions,
+            "base_commits": [{"version": c.version, "operation": c.operation} for c in commits],
             "recall": recall,
             "maintain": {"exit_code": maintain_code, "error_lines": problems},
             "failures": failures,

@@ -212,7 +212,7 @@ def churn_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     recall = "-" if data["recall"] is None else f"{data['recall']:.3f}"
     lines = [
         f"{data['rows_written']:,} rows written in {data['writes']:,} writes during the run, "
-        f"{len(data['base_versions']) - 1} new base versions; exact-check recall@10 {recall}; "
+        f"{len(data['base_commits']) - 1} base commits; exact-check recall@10 {recall}; "
         f"{len(data['failures'])} wrong or failed answers.",
         "",
         data["table"],

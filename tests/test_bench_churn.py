@@ -150,7 +150,7 @@ def test_a_tiny_run_under_churn_reports_every_query_kind_and_no_wrong_answer(tmp
     run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert data["failures"] == [] and data["writes"] > 0 and len(data["base_versions"]) > 1
+    assert data["failures"] == [] and data["writes"] > 0 and len(data["base_commits"]) > 1
     assert [q["query"] for q in data["queries"]] == [
         "point lookup",
         "count(*)",
@@ -159,7 +159,7 @@ def test_a_tiny_run_under_churn_reports_every_query_kind_and_no_wrong_answer(tmp
         "fts",
     ]
     for q in data["queries"]:
-        assert q["churn_queries"] > 0 and q["first_after_version_n"] > 0
+        assert q["churn_queries"] > 0 and q["first_after_merge_n"] > 0
         assert f"| {q['query']} | {q['frozen_p50_ms']:,.2f} | {q['p50_ms']:,.2f} |" in run.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["churn.json"]  # the table is deleted
     assert data["table"] in run.stdout and data["table"] in "\n".join(load_report().churn_section(data)[0])
