@@ -32,7 +32,7 @@ merge and after an index commit (count, p50, max), and the ratios p99 / frozen p
 first-after-merge max / frozen p50; `--json` writes it as data.
 
     python bench/churn.py --small                 # base 50k, 60 s
-    python bench/churn.py                         # base 1M, 180 s
+    python bench/churn.py                         # base 1M, 120 s
     python bench/churn.py --small --json bench/results/churn.json
 """
 
@@ -258,7 +258,9 @@ class Reader:
         query = f"SELECT id, value FROM t WHERE value < {FILTER_LIMIT}"
         return self.timed(FILTER, lambda: self.sql(query), check)
 
-    def vector(self, q: np.ndarray, options: str, exact: bool = False) -> float:
+    def vector(self, q: np.ndarray, options: str, live: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+        """`vector_search` for `q`; with `live` (sorted keys and vectors of the live rows: no write in
+        flight) also the exact distances and recall."""
         lit = "[" + ",".join(f"{x:.9g}" for x in q) + "]"
         query = f"SELECT id, value, _distance FROM vector_search('t', 'vec', {lit}, {K}, {options})"
 
@@ -266,7 +268,7 @@ class Reader:
             out = self.model.bad_rows(_ids(r), _values(r), w)
             if r.num_rows != min(K, self.model.count_range(w)[0]):
                 out.append(f"{r.num_rows} rows, expected {K}")
-            return out + (self.exact_vector(r, q) if exact else [])
+            return out + (self.exact_vector(r, q, *live) if live is not None else [])
 
         return self.timed(VECTOR, lambda: self.sql(query), check)
 
@@ -282,28 +284,28 @@ class Reader:
 
         return self.timed(FTS, lambda: self.sql(query), check)
 
-    def exact_vector(self, r: pa.Table, q: np.ndarray) -> list[str]:
+    def exact_vector(self, r: pa.Table, q: np.ndarray, keys: np.ndarray, vecs: np.ndarray) -> list[str]:
         """Each returned distance is that key's live vector's; records recall@K against brute force."""
-        keys, vecs, _ = self.model.live()
         d = l2_distances(vecs, q)
         truth = set(keys[np.argsort(d)[:K]].tolist())
-        where = {k: i for i, k in enumerate(keys.tolist())}
+        got = _ids(r)
+        at = np.minimum(np.searchsorted(keys, got), len(keys) - 1)
         out = []
-        for key, dist in zip(_ids(r).tolist(), r.column("_distance").to_pylist(), strict=True):
-            want = d[where[key]] if key in where else None
+        for key, i, dist in zip(got.tolist(), at.tolist(), r.column("_distance").to_pylist(), strict=True):
+            want = float(d[i]) if keys[i] == key else None
             if want is None or not np.isclose(dist, want, rtol=1e-3, atol=1e-3):
                 out.append(f"key {key} at distance {dist}, its live vector is at {want}")
-        self.recall.append(len(truth & set(_ids(r).tolist())) / K)
+        self.recall.append(len(truth & set(got.tolist())) / K)
         return out
 
     def quiescent(self, queries: int) -> None:
         """The exact checks; call with no write in flight (the window is one state)."""
-        keys, _, texts = self.model.live()
+        keys, vecs, texts = self.model.live()
         reference = Bm25Reference(keys, texts)
         full = f"named_struct('nprobes', {self.args.partitions}, 'refine_factor', 10)"
         for _ in range(queries):
             self.fts(" ".join(self.rng.choice(self.vocab, int(self.rng.integers(1, 4)))), reference)
-            self.vector(self.rng.standard_normal(DIM, dtype=np.float32), full, exact=True)
+            self.vector(self.rng.standard_normal(DIM, dtype=np.float32), full, (keys, vecs))
         self.count()
 
 
@@ -370,15 +372,16 @@ class Commit:
 
 
 def new_commits(uri: str, seen: int) -> list[Commit]:
-    """The base table's versions after `seen` with their operation (`unknown` when the version was
-    already cleaned up)."""
+    """The base table's versions after `seen` with their operation (`unknown` when the version or its
+    transaction is gone: cleaned up meanwhile)."""
     ds = lance.dataset(uri)
     out = []
     for v in range(seen + 1, ds.version + 1):
         try:
-            operation = type(ds.read_transaction(v).operation).__name__
+            tx = ds.read_transaction(v)
         except Exception:  # cleaned up by the maintain loop meanwhile
-            operation = "unknown"
+            tx = None
+        operation = "unknown" if tx is None else type(tx.operation).__name__
         out.append(Commit(v, operation))
     return out
 
@@ -453,7 +456,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="base 50k rows, 60 s, 64 partitions")
     ap.add_argument("--base-rows", type=int, help="base rows (default 1,000,000; --small 50,000)")
-    ap.add_argument("--seconds", type=float, help="churn duration (default 180; --small 60)")
+    ap.add_argument("--seconds", type=float, help="churn duration (default 120; --small 60)")
     ap.add_argument("--rate", type=float, default=2000, help="rows/s written (default 2,000)")
     ap.add_argument("--batch", type=int, default=500, help="rows per put (default 500)")
     ap.add_argument("--delete-fraction", type=float, default=0.05, help="keys deleted per put, x batch")
@@ -473,7 +476,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the table (default: deleted at the end)")
     args = ap.parse_args(argv)
     args.base_rows = args.base_rows or (50_000 if args.small else 1_000_000)
-    args.seconds = args.seconds if args.seconds is not None else (60.0 if args.small else 180.0)
+    args.seconds = args.seconds if args.seconds is not None else (60.0 if args.small else 120.0)
     args.partitions = args.partitions or (64 if args.small else 256)
     return args
 
