@@ -1,11 +1,11 @@
 """The model bench/churn.py checks every answer against: each key's value history, indexed by the
-sequence number of the acknowledged write that set it, plus the newest vector and text of each key
-for the exact search checks at quiescent points.
+sequence number of the write that set it, plus the newest vector and text of each key for the exact
+search checks at quiescent points.
 
 Writes are numbered 1, 2, ... in the order the single writer starts them, and recorded before they
-start; state `S_i` is the table after write `i` (`S_0`: the base). A query that began after write `a` was
-acknowledged and ended before write `c + 1` was started may show any state in `S_a .. S_c` per key
-(its levels are read at different moments): `Window(a, c)`. The checks:
+start; state `S_i` is the table after write `i` (`S_0`: the base). A query that began after write
+`a` was acknowledged and ended before write `c + 1` was started may show any state in `S_a .. S_c`
+per key (its levels are read at different moments): `Window(a, c)`. The checks:
 
 * a row `(id, value)` is right when `id` had `value` in some state of the window (`value` is a fresh
   random float per write, so it names the version);
