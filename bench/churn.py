@@ -19,7 +19,8 @@ words off) and IVF_PQ (vec, `--partitions`, 16 sub-vectors) indexes, 4 bucket re
      versions appeared, the next query of each kind is also counted as "first after a merge" if one
      of them changed rows (its Lance transaction is not a `CreateIndex`), else as "first after an
      index commit" (MemWAL index build, index catch-up).
-   Every `--check-every` seconds the writer pauses for the quiescent checks below.
+   Every `--check-every` seconds the writer pauses for the quiescent checks below (not counted in
+   `--seconds`).
 3. Quiescent checks (frozen, during churn, at the end with the writer stopped): `fts` against BM25
    computed here over the model's live rows (scores and top-k exact), `vector_search` with every
    partition probed and refine 10 (each returned distance must be the exact one of that key's live
@@ -332,8 +333,9 @@ def frozen_phase(reader: Reader, args: argparse.Namespace) -> None:
 
 
 def churn_phase(reader: Reader, writer: ChurnWriter, uri: str, args: argparse.Namespace) -> list[Commit]:
-    """Query round after round for `--seconds`, with the quiescent checks every `--check-every`
-    seconds; the base table's commits seen, in order."""
+    """Query round after round for `--seconds` of churn, with the quiescent checks (the writer
+    paused, not counted in the seconds) every `--check-every` seconds; the base table's commits
+    seen, in order."""
     commits = [Commit(lance.dataset(uri).version, "base")]
     pending: dict[str, str] = {}  # query kind -> "merge" / "index": its next query is a first after
     end = time.perf_counter() + args.seconds
@@ -351,9 +353,11 @@ def churn_phase(reader: Reader, writer: ChurnWriter, uri: str, args: argparse.Na
                 stats = reader.stats[kind]
                 (stats.after_merge if pending.pop(kind) == "merge" else stats.after_index).append(seconds)
         if time.perf_counter() >= next_check:
+            paused = time.perf_counter()
             writer.pause()
             reader.quiescent(args.checks)
             writer.resume()
+            end += time.perf_counter() - paused  # `--seconds` of churn, pauses not counted
             next_check = time.perf_counter() + args.check_every
     return commits
 
