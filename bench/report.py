@@ -1,4 +1,4 @@
-"""The benchmark report: runs bench/write.py, read.py, search.py and merge.py in one go (quick sizes
+"""The benchmark report: runs bench/write.py, read.py, search.py, merge.py and churn.py in one go (quick sizes
 by default, the reference workload of docs/performance.md with `--full`), each with `--json`, then writes
 bench/results/report.md and PNG charts from those JSON files (matplotlib, Agg backend).
 
@@ -33,6 +33,7 @@ QUICK = {
     "read": ["--small", "--repeat", "3", "--lookups", "100"],
     "search": ["--small"],
     "merge": ["--small"],
+    "churn": ["--small"],
 }
 FULL: dict[str, list[str]] = {name: [] for name in QUICK}
 
@@ -206,6 +207,21 @@ def merge_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     return lines, {m["engine"]: m["rows"] / m["seconds"] for m in merges}
 
 
+def churn_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The churn run's own per-kind table, what was written meanwhile and every wrong answer."""
+    recall = "-" if data["recall"] is None else f"{data['recall']:.3f}"
+    lines = [
+        f"{data['rows_written']:,} rows written in {data['writes']:,} writes during the run, "
+        f"{len(data['base_commits']) - 1} base commits; exact-check recall@10 {recall}; "
+        f"{len(data['failures'])} wrong or failed answers.",
+        "",
+        data["table"],
+    ]
+    if data["failures"]:
+        lines += ["", "Wrong or failed answers:", ""] + [f"- {f}" for f in data["failures"][:20]]
+    return lines, {}
+
+
 # -------------------------------------------------------------------------------------------- charts
 
 
@@ -267,12 +283,14 @@ SECTIONS = {
     "read": ("Read path (bench/read.py)", read_section),
     "search": ("Search (bench/search.py)", search_section),
     "merge": ("Merge and background jobs (bench/merge.py)", merge_section),
+    "churn": ("Reads under churn (bench/churn.py)", churn_section),
 }
 CHART_OF = {
     "write": ["write.png"],
     "read": ["read.png"],
     "search": ["search-vector.png", "search-full-text.png"],
     "merge": ["merge.png"],
+    "churn": [],
 }
 
 

@@ -3,7 +3,6 @@ merge.py, then the report's figures checked against figures recomputed here from
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.benches import load_report
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {
@@ -21,13 +21,6 @@ TINY = {
     "merge": ["--base", "2000", "--rows", "1000", "--regions", "2", "--gens", "2"]
     + ["--job-regions", "2", "--job-gens", "4"],
 }
-
-
-def load_report():
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_bench(name: str, args: list[str]) -> subprocess.CompletedProcess:
