@@ -66,7 +66,7 @@ def fragment_signature(fragment: Any) -> FragmentSignature:
     m = fragment.metadata
     data = (tuple(f.path for f in m.files), repr(getattr(m, "overlays", None)))
     d = m.deletion_file
-    deletion = None if d is None else (repr(d), d.id, d.read_version)
+    deletion = None if d is None else (d.id, d.read_version, d.file_type, d.num_deleted_rows)
     return FragmentSignature(data, deletion, int(m.physical_rows), int(m.num_deletions or 0))
 
 
