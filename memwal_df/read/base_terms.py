@@ -5,21 +5,24 @@ compaction replaces fragments), so a fragment's postings, document lengths and k
 per process from one read of every physical row of its key and text columns (deleted rows included),
 and kept in `BASE_TERMS` under what identifies its data: the table URI, the fragment id, its data
 file paths, the column and the tokenizer. A new base version builds term indexes for the fragments
-it added only; the others are reused as they are.
+it added only (all of them in one scan and one tokenization pass); the others are reused as they are.
 
 A fragment's documents in one base version are the rows its deletion vector keeps whose text is not
-NULL (kept per deletion file, with their count and token count: `FragmentLive`), minus the rows whose
-key a newer level holds (located among the fragment's sorted keys; per newer generation kept with the
-fragment, per MemTable computed per query). A query pays for the rows newer levels hide, not for
-the fragment's size; corpus statistics are sums over fragments (`TermPart.corpus`).
+NULL (`FragmentLive`, kept with the fragment for its newest deletion vectors; a newer deletion
+vector that only adds deletions patches the newest one kept), minus the rows whose key a newer level
+holds (located among the fragment's sorted keys; per newer generation kept with the fragment, per
+MemTable computed per query). A query pays for the rows newer levels hide, not for the fragment's
+size; corpus statistics are sums over fragments (`TermPart.corpus`).
 
 Postings are arrays only: the fragments of one (table, column, tokenizer) share a `Vocabulary` (term
 -> id), and a fragment keeps, per term id it holds, a slice of int32 document offsets and of
-frequencies in the smallest unsigned type that holds them.
+frequencies in the smallest unsigned type that holds them. Memory: ~5 bytes per distinct (document,
+term) pair, ~14 per document (length, text flag, sorted key and its offset), 1 per physical row per
+deletion vector kept, ~80 per vocabulary term.
 
 Guarantees: every fragment's term index covers all its physical rows, so it is exact for every base
-version that lists the fragment, whatever its deletion vector; `BuildCounts` (`BUILT`) counts the
-fragments indexed, documents tokenized and deletion files read by the process.
+version that lists the fragment, whatever its deletion vector; `BUILT` counts the fragments indexed,
+documents tokenized and deletion files read by the process.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import lance
 import numpy as np
@@ -37,7 +39,7 @@ import pyarrow as pa
 from memwal_df.format.deletion_files import deleted_offsets, deletion_file_id
 from memwal_df.format.storage import Storage
 from memwal_df.format.tokenizer import Tokenizer
-from memwal_df.read.cache import ImmutableCache
+from memwal_df.read.cache import ImmutableCache, PerObjectCache
 from memwal_df.read.fts_terms import KeyPositions, TermPart, Terms, compact_uint, doc_term_counts
 from memwal_df.read.keys import KeySet, key_array
 from memwal_df.read.levels import GenerationLevel, Level
@@ -52,6 +54,7 @@ __all__ = [
     "FragmentTerms",
     "Vocabulary",
     "base_parts",
+    "build_fragment_terms",
 ]
 
 BASE_TERM_CACHE_BYTES = 1 << 30
@@ -106,6 +109,38 @@ class Vocabulary:
         return len(self._ids)
 
 
+@dataclass(frozen=True)
+class FragmentLive:
+    """A fragment's documents under one deletion vector: the rows it keeps whose text is not NULL."""
+
+    deleted: np.ndarray  # the physical offsets the deletion vector removes, ascending
+    live: np.ndarray  # bool per physical row (read-only)
+    num_docs: int
+    total_len: int  # their tokens
+
+    @classmethod
+    def of(cls, terms: Terms, deleted: np.ndarray, before: FragmentLive | None) -> FragmentLive:
+        """From `before` (the same fragment under an older deletion vector) when `deleted` holds all
+        it removed: only the rows deleted since are subtracted; else from the whole fragment."""
+        if before is not None and len(deleted) >= len(before.deleted):
+            at = np.minimum(np.searchsorted(deleted, before.deleted), max(len(deleted) - 1, 0))
+            if len(before.deleted) == 0 or bool((deleted[at] == before.deleted).all()):
+                newly = deleted[before.live[deleted]]
+                live = before.live.copy()
+                live[newly] = False
+                live.flags.writeable = False
+                total = before.total_len - int(terms.doc_len[newly].sum(dtype=np.int64))
+                return cls(deleted, live, before.num_docs - len(newly), total)
+        live = terms.in_corpus.copy()
+        live[deleted] = False
+        live.flags.writeable = False
+        total = int(np.sum(terms.doc_len, where=live, dtype=np.int64))
+        return cls(deleted, live, int(np.count_nonzero(live)), total)
+
+
+_LIVE_KEPT = 4  # deletion vectors kept per fragment (the newest base versions read)
+
+
 @dataclass
 class FragmentTerms(Terms):
     """The postings of one fragment's physical rows (documents are physical offsets)."""
@@ -117,73 +152,12 @@ class FragmentTerms(Terms):
     docs: np.ndarray  # int32
     tf: np.ndarray
     _hidden: dict[str, np.ndarray] = field(default_factory=dict, repr=False, kw_only=True)
+    _lives: dict[str, FragmentLive] = field(default_factory=dict, repr=False, kw_only=True)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, kw_only=True)
-
-    @classmethod
-    def build(
-        cls,
-        fragment: lance.LanceFragment,
-        primary_key: Sequence[str],
-        column: str,
-        tokenizer: Tokenizer,
-        vocabulary: Vocabulary,
-    ) -> FragmentTerms:
-        """From one read of every physical row of the fragment (deleted ones included)."""
-        columns = [*primary_key, column]
-        scanner = fragment.scanner(
-            columns=columns, with_row_id=True, include_deleted_rows=True, batch_size=_BATCH_ROWS
-        )
-        keys, lengths, valid, docs, terms, tfs = [], [], [], [], [], []
-        rows = 0
-        for batch in scanner.to_batches():
-            text = batch.column(column)
-            doc, tokens = tokenizer.tokenize(text)
-            ids = vocabulary.ids(tokens.dictionary.to_pylist())
-            local = tokens.indices.to_numpy(zero_copy_only=False)
-            d, t, tf = doc_term_counts(doc, local, len(tokens.dictionary))
-            docs.append(d + rows)
-            terms.append(ids[t])
-            tfs.append(tf)
-            lengths.append(np.bincount(doc, minlength=batch.num_rows))
-            valid.append(text.is_valid().to_numpy(zero_copy_only=False))
-            keys.append(key_array([batch.column(c) for c in primary_key]))
-            rows += batch.num_rows
-        if rows != fragment.metadata.physical_rows:
-            raise RuntimeError(f"read {rows} rows of fragment {fragment.fragment_id}, which has "
-                               f"{fragment.metadata.physical_rows}")  # fmt: skip
-        BUILT.fragments += 1
-        BUILT.documents += rows
-        return cls._of(keys, lengths, valid, docs, terms, tfs, vocabulary)
-
-    @classmethod
-    def _of(
-        cls,
-        keys: list[pa.Array],
-        lengths: list[np.ndarray],
-        valid: list[np.ndarray],
-        docs: list[np.ndarray],
-        terms: list[np.ndarray],
-        tfs: list[np.ndarray],
-        vocabulary: Vocabulary,
-    ) -> FragmentTerms:
-        term = compact_uint(np.concatenate(terms)) if terms else np.zeros(0, np.uint8)
-        order = np.argsort(term, kind="stable")  # documents stay ascending within a term
-        term_ids, starts = np.unique(term[order], return_index=True)
-        key_type = keys[0].type if keys else pa.int64()
-        return cls(
-            doc_len=compact_uint(np.concatenate(lengths)) if lengths else np.zeros(0, np.uint8),
-            in_corpus=np.concatenate(valid) if valid else np.zeros(0, bool),
-            positions=KeyPositions.of(pa.concat_arrays(keys) if keys else pa.array([], key_type)),
-            vocabulary=vocabulary,
-            term_ids=term_ids.astype(np.int64),
-            offsets=np.append(starts, len(term)).astype(np.int64),
-            docs=np.concatenate(docs)[order].astype(np.int32) if docs else _EMPTY_DOCS,
-            tf=compact_uint(np.concatenate(tfs)[order]) if tfs else _EMPTY_TF,
-        )
 
     @property
     def nbytes(self) -> int:
-        """The arrays' bytes (the shared vocabulary not counted)."""
+        """The arrays' bytes (the shared vocabulary and the live masks not counted)."""
         arrays = (self.doc_len, self.in_corpus, self.term_ids, self.offsets, self.docs, self.tf)
         return sum(a.nbytes for a in arrays) + self.positions.nbytes
 
@@ -199,6 +173,20 @@ class FragmentTerms(Terms):
             return _EMPTY_DOCS, _EMPTY_TF
         lo, hi = self.offsets[i], self.offsets[i + 1]
         return self.docs[lo:hi], self.tf[lo:hi]
+
+    def live_under(self, deletion: str, deleted: Callable[[], np.ndarray]) -> FragmentLive:
+        """The documents under the deletion vector `deletion` (its offsets: `deleted()`, read once),
+        patched from the newest one kept when it only adds deletions."""
+        found = self._lives.get(deletion)
+        if found is not None:
+            return found
+        newest = next(reversed(self._lives.values()), None)
+        state = FragmentLive.of(self, deleted(), newest)
+        with self._lock:
+            self._lives[deletion] = state
+            while len(self._lives) > _LIVE_KEPT:
+                del self._lives[next(iter(self._lives))]
+        return state
 
     def hidden_by(self, level: GenerationLevel, key_set: KeySet) -> np.ndarray:
         """The documents whose key the generation holds (kept: both never change)."""
@@ -218,48 +206,162 @@ class FragmentTerms(Terms):
                     del self._hidden[uri]
 
 
+@dataclass
+class _Tokenized:
+    """The token stream of consecutive physical rows of some fragments: per row its key, length and
+    whether its text is valid; per distinct (row, term) pair its frequency, ordered by row."""
+
+    keys: list[pa.Array] = field(default_factory=list)
+    lengths: list[np.ndarray] = field(default_factory=list)
+    valid: list[np.ndarray] = field(default_factory=list)
+    docs: list[np.ndarray] = field(default_factory=list)
+    terms: list[np.ndarray] = field(default_factory=list)
+    tfs: list[np.ndarray] = field(default_factory=list)
+    rows: int = 0
+
+    def add(
+        self,
+        batch: pa.RecordBatch,
+        pk: Sequence[str],
+        column: str,
+        tokenizer: Tokenizer,
+        vocabulary: Vocabulary,
+    ) -> None:
+        text = batch.column(column)
+        doc, tokens = tokenizer.tokenize(text)
+        ids = vocabulary.ids(tokens.dictionary.to_pylist())
+        d, t, tf = doc_term_counts(doc, tokens.indices.to_numpy(zero_copy_only=False), len(tokens.dictionary))
+        self.docs.append(d + self.rows)
+        self.terms.append(ids[t])
+        self.tfs.append(tf)
+        self.lengths.append(np.bincount(doc, minlength=batch.num_rows))
+        self.valid.append(text.is_valid().to_numpy(zero_copy_only=False))
+        self.keys.append(key_array([batch.column(c) for c in pk]))
+        self.rows += batch.num_rows
+
+    def split(self, sizes: Sequence[int], vocabulary: Vocabulary) -> list[FragmentTerms]:
+        """One term index per run of `sizes` rows."""
+        docs = np.concatenate(self.docs) if self.docs else np.zeros(0, np.int64)
+        terms = np.concatenate(self.terms) if self.terms else np.zeros(0, np.int64)
+        tfs = np.concatenate(self.tfs) if self.tfs else np.zeros(0, np.int64)
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        valid = np.concatenate(self.valid) if self.valid else np.zeros(0, bool)
+        keys = pa.chunked_array(self.keys) if self.keys else None
+        out, first = [], 0
+        for size in sizes:
+            lo, hi = np.searchsorted(docs, [first, first + size])  # pairs are ordered by row
+            term = compact_uint(terms[lo:hi])
+            order = np.argsort(term, kind="stable")  # documents stay ascending within a term
+            term_ids, starts = np.unique(term[order], return_index=True)
+            fragment_keys = (
+                keys.slice(first, size).combine_chunks() if keys is not None else pa.array([], pa.int64())
+            )
+            out.append(
+                FragmentTerms(
+                    doc_len=compact_uint(lengths[first : first + size]),
+                    in_corpus=valid[first : first + size].copy(),
+                    positions=KeyPositions.of(fragment_keys),
+                    vocabulary=vocabulary,
+                    term_ids=term_ids.astype(np.int64),
+                    offsets=np.append(starts, len(term)).astype(np.int64),
+                    docs=(docs[lo:hi][order] - first).astype(np.int32),
+                    tf=compact_uint(tfs[lo:hi][order]),
+                )
+            )
+            first += size
+        return out
+
+
+def build_fragment_terms(
+    base: lance.LanceDataset,
+    fragments: Sequence[lance.LanceFragment],
+    primary_key: Sequence[str],
+    column: str,
+    tokenizer: Tokenizer,
+    vocabulary: Vocabulary,
+) -> list[FragmentTerms]:
+    """The term indexes of `fragments` (of `base`), from one read of every physical row of each
+    (deleted ones included), in one scan and one tokenization pass."""
+    sizes = [f.metadata.physical_rows for f in fragments]
+    scanner = base.scanner(
+        fragments=list(fragments),
+        columns=[*primary_key, column],
+        with_row_id=True,
+        include_deleted_rows=True,
+        scan_in_order=True,
+        batch_size=_BATCH_ROWS,
+    )
+    tokenized = _Tokenized()
+    for batch in scanner.to_batches():
+        tokenized.add(batch, primary_key, column, tokenizer, vocabulary)
+    if tokenized.rows != sum(sizes):
+        ids = [f.fragment_id for f in fragments]
+        raise RuntimeError(f"read {tokenized.rows} rows of fragments {ids}, which have {sum(sizes)}")
+    BUILT.fragments += len(fragments)
+    BUILT.documents += tokenized.rows
+    return tokenized.split(sizes, vocabulary)
+
+
 @dataclass(frozen=True)
-class FragmentLive:
-    """A fragment's documents under one deletion vector: the rows it keeps whose text is not NULL."""
-
-    live: np.ndarray  # bool per physical row (read-only)
-    num_docs: int
-    total_len: int  # their tokens
-
-    @classmethod
-    def of(cls, terms: FragmentTerms, deleted: np.ndarray) -> FragmentLive:
-        live = terms.in_corpus.copy()
-        live[deleted] = False
-        live.flags.writeable = False
-        total = int(np.sum(terms.doc_len, where=live, dtype=np.int64))
-        return cls(live, int(np.count_nonzero(live)), total)
+class _Listed:
+    fragment: lance.LanceFragment
+    name: str  # of its term index in BASE_TERMS: what identifies its data
+    deletion: str  # what identifies its deletion vector
+    rows: int
 
 
-_build_locks: dict[tuple[str, str], threading.Lock] = {}
+_LISTINGS: PerObjectCache[lance.LanceDataset, dict[tuple[int, str], list[_Listed]]] = PerObjectCache()
+_build_locks: dict[str, threading.Lock] = {}
 _build_locks_lock = threading.Lock()
 
 
-def _kept(uri: str, name: str, compute: Callable[[], Any], size: Callable[[Any], int]) -> Any:
-    """`BASE_TERMS.get`, computed by one thread at a time per entry (a fragment's build is costly)."""
-    found = BASE_TERMS.peek(uri, name)
-    if found is not None:
+def _listing(base: lance.LanceDataset, column: str, tokenizer: Tokenizer) -> list[_Listed]:
+    """The fragments of `base` with what identifies their term index and deletion vector (read once
+    per dataset object and version)."""
+    listings = _LISTINGS.get(base, dict)
+    key = (base.version, f"{column}:{tokenizer}")
+    if key not in listings:
+        out = []
+        for fragment in base.get_fragments():
+            metadata = fragment.metadata
+            files = ",".join(f.path for f in metadata.files)
+            overlays = f":{metadata.overlays}" if getattr(metadata, "overlays", None) else ""
+            name = f"terms:{key[1]}:{fragment.fragment_id}:{files}{overlays}"
+            out.append(_Listed(fragment, name, deletion_file_id(fragment), metadata.physical_rows))
+        listings[key] = out
+    return listings[key]
+
+
+_GROUP_ROWS = 1 << 20  # fragments built in one scan, up to this many rows
+
+
+def _term_indexes(
+    base: lance.LanceDataset, listed: Sequence[_Listed], pk: Sequence[str], column: str, tokenizer: Tokenizer
+) -> list[FragmentTerms]:
+    """The term index of each listed fragment: kept ones from `BASE_TERMS`, the others built (one
+    thread at a time per table: racing queries wait for the first one's build)."""
+    found = [BASE_TERMS.peek(base.uri, f.name) for f in listed]
+    if all(t is not None for t in found):
         return found
     with _build_locks_lock:
-        lock = _build_locks.setdefault((uri, name), threading.Lock())
-    try:
-        with lock:
-            return BASE_TERMS.get(uri, name, compute, size)
-    finally:
-        with _build_locks_lock:
-            _build_locks.pop((uri, name), None)
-
-
-def _fragment_name(fragment: lance.LanceFragment, column: str, tokenizer: Tokenizer) -> str:
-    """What identifies the fragment's term index: its id and data files (never rewritten in place)."""
-    metadata = fragment.metadata
-    files = ",".join(f.path for f in metadata.files)
-    overlays = f":{metadata.overlays}" if getattr(metadata, "overlays", None) else ""
-    return f"terms:{column}:{tokenizer}:{fragment.fragment_id}:{files}{overlays}"
+        lock = _build_locks.setdefault(base.uri, threading.Lock())
+    with lock:
+        found = [BASE_TERMS.peek(base.uri, f.name) for f in listed]
+        missing = [f for f, t in zip(listed, found, strict=True) if t is None]
+        vocabulary = BASE_TERMS.get(base.uri, f"vocab:{column}:{tokenizer}", Vocabulary)
+        built: dict[str, FragmentTerms] = {}
+        group: list[_Listed] = []
+        for i, f in enumerate(missing):
+            group.append(f)
+            if i == len(missing) - 1 or sum(g.rows for g in group) + missing[i + 1].rows > _GROUP_ROWS:
+                fragments = [g.fragment for g in group]
+                terms = build_fragment_terms(base, fragments, pk, column, tokenizer, vocabulary)
+                for g, t in zip(group, terms, strict=True):
+                    BASE_TERMS.put(base.uri, g.name, t, t.nbytes)
+                    built[g.name] = t
+                group = []
+        BASE_TERMS.put(base.uri, f"vocab:{column}:{tokenizer}", vocabulary, vocabulary.nbytes)
+    return [t if t is not None else built[f.name] for f, t in zip(listed, found, strict=True)]
 
 
 def _hidden(terms: FragmentTerms, levels: Sequence[tuple[Level, KeySet]]) -> np.ndarray | None:
@@ -290,29 +392,18 @@ def base_parts(
     physical rows, positions their row addresses (fragment id << 32 | offset), live the rows its
     deletion vector keeps, with a text, whose key no level of `newer` holds."""
     pk = list(newer.primary_key)
-    vocabulary = _kept(base.uri, f"vocab:{column}:{tokenizer}", Vocabulary, lambda v: v.nbytes)
+    listed = _listing(base, column, tokenizer)
+    indexes = _term_indexes(base, listed, pk, column, tokenizer)
     levels = [(lv, ks) for lv in newer.levels if (ks := lv.key_set(pk, newer.key_type)) is not None]
     generations = {lv.uri for lv, _ in levels if isinstance(lv, GenerationLevel)}
     parts = []
-    for fragment in base.get_fragments():
-        name = _fragment_name(fragment, column, tokenizer)
+    for f, terms in zip(listed, indexes, strict=True):
 
-        def build(fragment: lance.LanceFragment = fragment) -> FragmentTerms:
-            return FragmentTerms.build(fragment, pk, column, tokenizer, vocabulary)
+        def deleted(fragment: lance.LanceFragment = f.fragment) -> np.ndarray:
+            BUILT.deletion_files += 1
+            return deleted_offsets(storage, fragment)
 
-        terms: FragmentTerms = _kept(base.uri, name, build, lambda t: t.nbytes)
-
-        def live(fragment: lance.LanceFragment = fragment, terms: FragmentTerms = terms) -> FragmentLive:
-            return _live(storage, fragment, terms)
-
-        live_name = f"live:{name}:{deletion_file_id(fragment)}"
-        state: FragmentLive = _kept(base.uri, live_name, live, lambda s: s.live.nbytes)
-        parts.append(_part(fragment.fragment_id, terms, state, _hidden(terms, levels)))
+        state = terms.live_under(f.deletion, deleted)
+        parts.append(_part(f.fragment.fragment_id, terms, state, _hidden(terms, levels)))
         terms.forget_hidden(generations)
-    BASE_TERMS.put(base.uri, f"vocab:{column}:{tokenizer}", vocabulary, vocabulary.nbytes)  # its size grew
     return parts
-
-
-def _live(storage: Storage, fragment: lance.LanceFragment, terms: FragmentTerms) -> FragmentLive:
-    BUILT.deletion_files += fragment.metadata.deletion_file is not None
-    return FragmentLive.of(terms, deleted_offsets(storage, fragment))

@@ -245,10 +245,17 @@ class TermPart:
     first: int = 0
     num_docs: int | None = None
     total_len: int | None = None
+    _postings: list[tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, kw_only=True)
+
+    def postings(self, terms: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The postings of each of `terms` (the query's: looked up once per part)."""
+        if self._postings is None:
+            self._postings = [self.index.postings(t) for t in terms]
+        return self._postings
 
     def corpus(self, terms: Sequence[str]) -> CorpusStats:
         """This part's share of the corpus statistics for `terms`."""
-        df = np.array([np.count_nonzero(self.live[self.index.postings(t)[0]]) for t in terms], np.float64)
+        df = np.array([np.count_nonzero(self.live[docs]) for docs, _ in self.postings(terms)], np.float64)
         n = int(np.count_nonzero(self.live)) if self.num_docs is None else self.num_docs
         total = self.total_len
         if total is None:

@@ -126,8 +126,9 @@ class Bm25Exec(RankedExec):
         stats = self.stats
         assert stats is not None, "GlobalBM25Exec sets the statistics first"
         docs_of, scores_of = [], []
-        for idf, term in zip(stats.idf(), self.terms, strict=True):
-            docs, tf = part.index.postings(term)
+        for idf, (docs, tf) in zip(stats.idf(), part.postings(self.terms), strict=True):
+            if len(docs) == 0:
+                continue
             alive = part.eligible[docs]
             docs, tf = docs[alive], tf[alive]
             if len(docs):
