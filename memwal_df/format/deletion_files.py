@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyroaring
 
-from memwal_df.errors import NotFoundError
 from memwal_df.format.storage import Storage
 
 __all__ = ["deleted_offsets", "deletion_file_id"]
@@ -39,7 +38,7 @@ def deleted_offsets(storage: Storage, fragment: lance.LanceFragment) -> np.ndarr
     if d.base_id is None and path is not None:
         try:
             offsets = _decode(d.file_type, storage.get(path))
-        except (NotFoundError, OSError, ValueError, pa.ArrowInvalid):
+        except (OSError, ValueError):  # StorageError, ArrowInvalid, a corrupt bitmap: Lance decides
             offsets = None
         if offsets is not None and (d.num_deleted_rows is None or len(offsets) == d.num_deleted_rows):
             return offsets

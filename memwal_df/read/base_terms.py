@@ -399,9 +399,9 @@ def base_parts(
     parts = []
     for f, terms in zip(listed, indexes, strict=True):
 
-        def deleted(fragment: lance.LanceFragment = f.fragment) -> np.ndarray:
-            BUILT.deletion_files += 1
-            return deleted_offsets(storage, fragment)
+        def deleted(f: _Listed = f) -> np.ndarray:
+            BUILT.deletion_files += f.deletion != "-"
+            return deleted_offsets(storage, f.fragment)
 
         state = terms.live_under(f.deletion, deleted)
         parts.append(_part(f.fragment.fragment_id, terms, state, _hidden(terms, levels)))

@@ -245,13 +245,16 @@ class TermPart:
     first: int = 0
     num_docs: int | None = None
     total_len: int | None = None
-    _postings: list[tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, kw_only=True)
+    _postings: dict[tuple[str, ...], list[tuple[np.ndarray, np.ndarray]]] = field(
+        default_factory=dict, repr=False, kw_only=True
+    )
 
     def postings(self, terms: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The postings of each of `terms` (the query's: looked up once per part)."""
-        if self._postings is None:
-            self._postings = [self.index.postings(t) for t in terms]
-        return self._postings
+        """The postings of each of `terms` (looked up once per part and list of terms)."""
+        key = tuple(terms)
+        if key not in self._postings:
+            self._postings[key] = [self.index.postings(t) for t in terms]
+        return self._postings[key]
 
     def corpus(self, terms: Sequence[str]) -> CorpusStats:
         """This part's share of the corpus statistics for `terms`."""
