@@ -121,34 +121,37 @@ class Bm25Exec(RankedExec):
         df = np.sum([s.df for s in shares], axis=0) if shares else np.zeros(len(self.terms))
         return CorpusStats(sum(s.num_docs for s in shares), sum(s.total_len for s in shares), df)
 
-    def _scored(self, part: TermPart) -> tuple[np.ndarray, np.ndarray]:
-        """(positions of the part's eligible documents holding a query term, their scores)."""
+    def _scored(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of the eligible documents holding a query term, their scores), unordered. Each
+        part contributes its eligible postings; the scores are computed per term over all parts."""
         stats = self.stats
         assert stats is not None, "GlobalBM25Exec sets the statistics first"
-        docs_of, scores_of = [], []
-        for idf, (docs, tf) in zip(stats.idf(), part.postings(self.terms), strict=True):
-            if len(docs) == 0:
-                continue
-            alive = part.eligible[docs]
-            docs, tf = docs[alive], tf[alive]
-            if len(docs):
-                norm = K1 * (1 - B + B * part.index.doc_len[docs] / stats.avgdl)
-                docs_of.append(docs)
+        positions_of, scores_of = [], []
+        for i, idf in enumerate(stats.idf()):
+            positions, tfs, lengths = [], [], []
+            for part in self.parts:
+                docs, tf = part.postings(self.terms)[i]
+                if len(docs) == 0:
+                    continue
+                alive = part.eligible[docs]
+                docs = docs[alive]
+                positions.append(docs + np.int64(part.first))
+                tfs.append(tf[alive])
+                lengths.append(part.index.doc_len[docs])
+            if positions:
+                tf = np.concatenate(tfs).astype(np.float64)
+                norm = K1 * (1 - B + B * np.concatenate(lengths) / stats.avgdl)
+                positions_of.append(np.concatenate(positions))
                 scores_of.append(idf * tf * (K1 + 1) / (tf + norm))
-        if not docs_of:
-            return np.zeros(0, np.int64), np.zeros(0, np.float64)
-        if len(docs_of) == 1:
-            return docs_of[0].astype(np.int64) + part.first, scores_of[0]
-        unique, inverse = np.unique(np.concatenate(docs_of), return_inverse=True)
-        total = np.bincount(inverse, weights=np.concatenate(scores_of), minlength=len(unique))
-        return unique.astype(np.int64) + part.first, total
+        if len(positions_of) <= 1:
+            return (positions_of[0], scores_of[0]) if positions_of else (np.zeros(0, np.int64), np.zeros(0))
+        unique, inverse = np.unique(np.concatenate(positions_of), return_inverse=True)
+        return unique, np.bincount(inverse, weights=np.concatenate(scores_of), minlength=len(unique))
 
     def _ranked(self, n: int | None) -> tuple[np.ndarray, np.ndarray]:
         """(positions, scores) of the `n` best eligible documents holding a query term (None: all of
         them), best first, ties by position."""
-        scored = [self._scored(part) for part in self.parts]
-        positions = np.concatenate([p for p, _ in scored]) if scored else np.zeros(0, np.int64)
-        scores = np.concatenate([s for _, s in scored]) if scored else np.zeros(0, np.float64)
+        positions, scores = self._scored()
         if n is not None and n < len(scores):
             threshold = np.partition(scores, len(scores) - n)[len(scores) - n]
             best = scores >= threshold  # the n best and every tie of the n-th
