@@ -40,9 +40,17 @@ from memwal_df.format.deletion_files import deleted_offsets, deletion_file_id
 from memwal_df.format.storage import Storage
 from memwal_df.format.tokenizer import Tokenizer
 from memwal_df.read.cache import ImmutableCache, PerObjectCache
-from memwal_df.read.fts_terms import KeyPositions, TermPart, Terms, compact_uint, doc_term_counts
+from memwal_df.read.fts_terms import (
+    KeyPositions,
+    TermPart,
+    Terms,
+    compact_uint,
+    doc_term_counts,
+    generations_digest,
+    hidden_by_memtables,
+)
 from memwal_df.read.keys import KeySet, key_array
-from memwal_df.read.levels import GenerationLevel, Level
+from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.newer_levels import NewerLevels
 
 __all__ = [
@@ -58,7 +66,7 @@ __all__ = [
 ]
 
 BASE_TERM_CACHE_BYTES = 1 << 30
-"""Default bound of `BASE_TERMS`' declared sizes (fragment term indexes, live masks, vocabularies)."""
+"""Default bound of `BASE_TERMS`' declared sizes (fragment term indexes and vocabularies)."""
 
 BASE_TERMS = ImmutableCache(capacity=1 << 16, max_bytes=BASE_TERM_CACHE_BYTES)
 _BATCH_ROWS = 1 << 17  # rows tokenized at a time while a fragment's term index is built
@@ -72,7 +80,7 @@ class BuildCounts:
 
     fragments: int = 0  # fragment term indexes built
     documents: int = 0  # physical rows tokenized
-    deletion_files: int = 0  # deletion vectors read
+    deletion_files: int = 0  # deletion files read
 
 
 BUILT = BuildCounts()
@@ -105,9 +113,6 @@ class Vocabulary:
         """The dictionary, its words and their ids (an estimate of Python's sizes)."""
         return sys.getsizeof(self._ids) + self._word_bytes
 
-    def __len__(self) -> int:
-        return len(self._ids)
-
 
 @dataclass(frozen=True)
 class FragmentLive:
@@ -137,8 +142,19 @@ class FragmentLive:
         total = int(np.sum(terms.doc_len, where=live, dtype=np.int64))
         return cls(deleted, live, int(np.count_nonzero(live)), total)
 
+    def without(self, terms: Terms, hidden: np.ndarray | None) -> FragmentLive:
+        """These documents but the `hidden` ones (distinct offsets; None: none)."""
+        if hidden is None:
+            return self
+        hidden = hidden[self.live[hidden]]
+        live = self.live.copy()
+        live[hidden] = False
+        live.flags.writeable = False
+        total = self.total_len - int(terms.doc_len[hidden].sum(dtype=np.int64))
+        return FragmentLive(self.deleted, live, self.num_docs - len(hidden), total)
 
-_LIVE_KEPT = 4  # deletion vectors kept per fragment (the newest base versions read)
+
+_STATES_KEPT = 8  # live masks kept per fragment: its newest deletion vectors, each under newer generations
 
 
 @dataclass
@@ -152,7 +168,7 @@ class FragmentTerms(Terms):
     docs: np.ndarray  # int32
     tf: np.ndarray
     _hidden: dict[str, np.ndarray] = field(default_factory=dict, repr=False, kw_only=True)
-    _lives: dict[str, FragmentLive] = field(default_factory=dict, repr=False, kw_only=True)
+    _states: dict[tuple[str, str], FragmentLive] = field(default_factory=dict, repr=False, kw_only=True)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, kw_only=True)
 
     @property
@@ -174,19 +190,46 @@ class FragmentTerms(Terms):
         lo, hi = self.offsets[i], self.offsets[i + 1]
         return self.docs[lo:hi], self.tf[lo:hi]
 
+    def _state(self, key: tuple[str, str], compute: Callable[[], FragmentLive]) -> FragmentLive:
+        found = self._states.get(key)
+        if found is not None:
+            return found
+        state = compute()
+        with self._lock:
+            self._states[key] = state
+            while len(self._states) > _STATES_KEPT:
+                del self._states[next(iter(self._states))]
+        return state
+
     def live_under(self, deletion: str, deleted: Callable[[], np.ndarray]) -> FragmentLive:
         """The documents under the deletion vector `deletion` (its offsets: `deleted()`, read once),
         patched from the newest one kept when it only adds deletions."""
-        found = self._lives.get(deletion)
-        if found is not None:
-            return found
-        newest = next(reversed(self._lives.values()), None)
-        state = FragmentLive.of(self, deleted(), newest)
-        with self._lock:
-            self._lives[deletion] = state
-            while len(self._lives) > _LIVE_KEPT:
-                del self._lives[next(iter(self._lives))]
-        return state
+
+        def compute() -> FragmentLive:
+            with self._lock:
+                kept = [state for (_, newer), state in self._states.items() if newer == ""]
+            return FragmentLive.of(self, deleted(), kept[-1] if kept else None)
+
+        return self._state((deletion, ""), compute)
+
+    def shadowed(
+        self,
+        deletion: str,
+        deleted: Callable[[], np.ndarray],
+        digest: str,
+        generations: Sequence[tuple[GenerationLevel, KeySet]],
+    ) -> FragmentLive:
+        """`live_under(deletion)` minus the documents whose key one of `generations` holds (named by
+        `digest`): kept, so a query over the same generations pays nothing for them."""
+        state = self.live_under(deletion, deleted)
+        if not generations:
+            return state
+
+        def compute() -> FragmentLive:
+            hits = [h for level, key_set in generations if len(h := self.hidden_by(level, key_set))]
+            return state.without(self, np.unique(np.concatenate(hits)) if hits else None)
+
+        return self._state((deletion, digest), compute)
 
     def hidden_by(self, level: GenerationLevel, key_set: KeySet) -> np.ndarray:
         """The documents whose key the generation holds (kept: both never change)."""
@@ -231,9 +274,10 @@ class _Tokenized:
         doc, tokens = tokenizer.tokenize(text)
         ids = vocabulary.ids(tokens.dictionary.to_pylist())
         d, t, tf = doc_term_counts(doc, tokens.indices.to_numpy(zero_copy_only=False), len(tokens.dictionary))
-        self.docs.append(d + self.rows)
-        self.terms.append(ids[t])
-        self.tfs.append(tf)
+        row_type = np.int32 if self.rows + batch.num_rows < 2**31 else np.int64
+        self.docs.append((d + self.rows).astype(row_type))  # compact while the batches pile up
+        self.terms.append(ids[t].astype(np.int32))
+        self.tfs.append(compact_uint(tf))
         self.lengths.append(np.bincount(doc, minlength=batch.num_rows))
         self.valid.append(text.is_valid().to_numpy(zero_copy_only=False))
         self.keys.append(key_array([batch.column(c) for c in pk]))
@@ -369,27 +413,6 @@ def _term_indexes(
     return [t if t is not None else built[f.name] for f, t in zip(listed, found, strict=True)]
 
 
-def _hidden(terms: FragmentTerms, levels: Sequence[tuple[Level, KeySet]]) -> np.ndarray | None:
-    """The documents whose key one of `levels` holds (None: none of them holds any)."""
-    hits = [
-        terms.hidden_by(level, key_set) if isinstance(level, GenerationLevel) else terms.positions_of(key_set)
-        for level, key_set in levels
-    ]
-    hits = [h for h in hits if len(h)]
-    return np.unique(np.concatenate(hits)) if hits else None
-
-
-def _part(fragment_id: int, terms: FragmentTerms, state: FragmentLive, hidden: np.ndarray | None) -> TermPart:
-    first = fragment_id << 32
-    if hidden is None:
-        return TermPart(terms, state.live, state.live, first, state.num_docs, state.total_len)
-    hidden = hidden[state.live[hidden]]
-    live = state.live.copy()
-    live[hidden] = False
-    total = state.total_len - int(terms.doc_len[hidden].sum(dtype=np.int64))
-    return TermPart(terms, live, live, first, state.num_docs - len(hidden), total)
-
-
 def base_parts(
     base: lance.LanceDataset, storage: Storage, column: str, tokenizer: Tokenizer, newer: NewerLevels
 ) -> list[TermPart]:
@@ -399,8 +422,12 @@ def base_parts(
     pk = list(newer.primary_key)
     listed = _listing(base, column, tokenizer)
     indexes = _term_indexes(base, listed, pk, column, tokenizer)
-    levels = [(lv, ks) for lv in newer.levels if (ks := lv.key_set(pk, newer.key_type)) is not None]
-    generations = {lv.uri for lv, _ in levels if isinstance(lv, GenerationLevel)}
+    generations = [
+        (lv, ks)
+        for lv in newer.levels
+        if isinstance(lv, GenerationLevel) and (ks := lv.key_set(pk, newer.key_type)) is not None
+    ]
+    digest = generations_digest(newer.levels)
     parts = []
     for f, terms in zip(listed, indexes, strict=True):
 
@@ -408,7 +435,13 @@ def base_parts(
             BUILT.deletion_files += f.deletion != "-"
             return deleted_offsets(storage, f.fragment)
 
-        state = terms.live_under(f.deletion, deleted)
-        parts.append(_part(f.fragment.fragment_id, terms, state, _hidden(terms, levels)))
-        terms.forget_hidden(generations)
+        state = terms.shadowed(f.deletion, deleted, digest, generations)
+        hidden = hidden_by_memtables(terms, newer)
+        state = state.without(terms, None if hidden is None else np.unique(hidden))
+        parts.append(
+            TermPart(
+                terms, state.live, state.live, f.fragment.fragment_id << 32, state.num_docs, state.total_len
+            )
+        )
+        terms.forget_hidden({lv.uri for lv, _ in generations})
     return parts

@@ -24,6 +24,7 @@ a newer generation is kept per process.
 from __future__ import annotations
 
 import functools
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import pyarrow.compute as pc
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.tokenizer import Tokenizer
 from memwal_df.read.keys import KeySet, key_array
-from memwal_df.read.levels import GenerationLevel
+from memwal_df.read.levels import GenerationLevel, Level
 from memwal_df.read.newer_levels import NewerLevels
 from memwal_df.write.memtable_index import TermRows
 
@@ -53,6 +54,8 @@ __all__ = [
     "Terms",
     "compact_uint",
     "doc_term_counts",
+    "generations_digest",
+    "hidden_by_memtables",
     "live_documents",
 ]
 
@@ -282,20 +285,55 @@ class CorpusStats:
         return np.log1p((self.num_docs - self.df + 0.5) / (self.df + 0.5))
 
 
-def live_documents(index: Terms, newer: NewerLevels, owner: str | None) -> np.ndarray:
-    """The level's corpus documents whose key no newer level holds. Each newer level's keys are
-    located among the level's (one lookup per newer key); when the level is a generation (`owner`
-    names it), a newer generation's answer is kept with that newer generation."""
-    live = index.in_corpus.copy()
+def generations_digest(levels: Sequence[Level]) -> str:
+    """What identifies the generations among `levels` (their directories), for cache names."""
+    uris = "\n".join(lv.uri for lv in levels if isinstance(lv, GenerationLevel))
+    return hashlib.sha256(uris.encode()).hexdigest()[:32]
+
+
+def hidden_by_memtables(index: Terms, newer: NewerLevels) -> np.ndarray | None:
+    """The documents whose key one of the MemTables among `newer` holds (None: no MemTable does)."""
+    hits = []
     for level in newer.levels:
-        key_set = level.key_set(newer.primary_key, newer.key_type)
-        if key_set is None:
-            continue
-        if owner is not None and isinstance(level, GenerationLevel):
-            hits = level.cached(f"hides-in:{owner}", functools.partial(index.positions_of, key_set))
-        else:
-            hits = index.positions_of(key_set)
-        live[hits] = False
+        if not isinstance(level, GenerationLevel):
+            key_set = level.key_set(newer.primary_key, newer.key_type)
+            if key_set is not None and len(hit := index.positions_of(key_set)):
+                hits.append(hit)
+    return np.concatenate(hits) if hits else None
+
+
+def live_documents(index: Terms, newer: NewerLevels, owner: GenerationLevel | None, name: str) -> np.ndarray:
+    """The level's corpus documents whose key no newer level holds (read-only). Each newer level's
+    keys are located among the level's (one lookup per newer key). When the level is a generation
+    (`owner`), a newer generation's answer is kept with that newer generation, and the mask under
+    all of the newer generations with `owner` (named `name` and the generations), so a query with the
+    same newer generations applies only its MemTables."""
+
+    def under_generations() -> np.ndarray:
+        live = index.in_corpus.copy()
+        for level in newer.levels:
+            key_set = level.key_set(newer.primary_key, newer.key_type)
+            if key_set is None or not isinstance(level, GenerationLevel):
+                continue
+            if owner is not None:
+                hits = level.cached(
+                    f"hides-in:{owner.uri}:{name}", functools.partial(index.positions_of, key_set)
+                )
+            else:
+                hits = index.positions_of(key_set)
+            live[hits] = False
+        live.flags.writeable = False
+        return live
+
+    if owner is None:
+        live = under_generations()
+    else:
+        digest = generations_digest(newer.levels)
+        live = owner.cached(f"live:{name}:{digest}", under_generations, lambda m: int(m.nbytes))
+    hidden = hidden_by_memtables(index, newer)
+    if hidden is not None:
+        live = live.copy()
+        live[hidden] = False
     return live
 
 

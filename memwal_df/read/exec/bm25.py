@@ -52,6 +52,7 @@ class Bm25Exec(RankedExec):
     def __init__(
         self,
         label: str,
+        newer: NewerLevels,
         parts: Sequence[TermPart],
         terms: Sequence[str],
         k: int,
@@ -60,6 +61,7 @@ class Bm25Exec(RankedExec):
         post_filter: pc.Expression | None = None,
     ) -> None:
         self.label = label
+        self.newer = newer
         self.parts = list(parts)
         self.terms = list(terms)
         self.k = k
@@ -80,8 +82,8 @@ class Bm25Exec(RankedExec):
         def take(addresses: np.ndarray, columns: Sequence[str]) -> pa.Table:
             return take_addresses(base, addresses, columns)
 
-        label = f"base v{base.version} ({len(parts)} fragments), live = not in {newer.describe()}"
-        return cls(label, parts, q.terms, q.k, take, q.table_schema, q.filter)
+        label = f"base v{base.version} ({len(parts)} fragments)"
+        return cls(label, newer, parts, q.terms, q.k, take, q.table_schema, q.filter)
 
     @classmethod
     def for_level(cls, level: Level, q: FtsQuery, newer: NewerLevels, searchable: bool = True) -> Bm25Exec:
@@ -98,8 +100,8 @@ class Bm25Exec(RankedExec):
             return TermIndex.build(level.read([*pk, column, TOMBSTONE]), column, pk, tokenizer)
 
         index = level.memo(f"terms:{column}:{tokenizer}", build)
-        owner = f"{level.uri}:{column}" if isinstance(level, GenerationLevel) else None
-        live = live_documents(index, newer, owner)
+        owner = level if isinstance(level, GenerationLevel) else None
+        live = live_documents(index, newer, owner, column)
         if not searchable:
             eligible = np.zeros_like(live)
         elif filter is None:
@@ -107,13 +109,13 @@ class Bm25Exec(RankedExec):
         else:
             eligible = live & level.filter_mask(filter)
 
-        label = f"{level.label}, live = not in {newer.describe()}"
-        label += "" if searchable else " (statistics only)"
-        return cls(label, [TermPart(index, live, eligible)], q.terms, q.k, level.take, q.table_schema)
+        label = level.label + ("" if searchable else " (statistics only)")
+        part = TermPart(index, live, eligible)
+        return cls(label, newer, [part], q.terms, q.k, level.take, q.table_schema)
 
     def describe(self) -> str:
         f = "" if self.post_filter is None else f", filter={self.post_filter}"
-        return f"Bm25Exec: {self.label}{f}"
+        return f"Bm25Exec: {self.label}, live = not in {self.newer.describe()}{f}"
 
     def corpus(self) -> CorpusStats:
         """This level's share of the corpus statistics (its live documents)."""
