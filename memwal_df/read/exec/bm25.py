@@ -141,9 +141,9 @@ class Bm25Exec(RankedExec):
                 tfs.append(tf[alive])
                 lengths.append(part.index.doc_len[docs])
             if positions:
-                tf = np.concatenate(tfs).astype(np.float64)
-                norm = K1 * (1 - B + B * np.concatenate(lengths) / stats.avgdl)
-                positions_of.append(np.concatenate(positions))
+                tf = _joined(tfs).astype(np.float64)
+                norm = K1 * (1 - B + B * _joined(lengths) / stats.avgdl)
+                positions_of.append(_joined(positions))
                 scores_of.append(idf * tf * (K1 + 1) / (tf + norm))
         if len(positions_of) <= 1:
             return (positions_of[0], scores_of[0]) if positions_of else (np.zeros(0, np.int64), np.zeros(0))
@@ -178,3 +178,8 @@ class Bm25Exec(RankedExec):
 
     def rows(self, positions: np.ndarray) -> pa.Table:
         return self._take(positions, self.schema.names[:-1])
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays one after the other (the array itself when there is one: no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
