@@ -9,8 +9,9 @@ flushed and merged into the base; after each merge, in the same process and thro
 the rounds: the first query of the process (the base's term state built from nothing) and the
 frozen table's p50.
 
-Memory: the resident set before and after the first query, and the bytes of the base's term state
-(`memwal_df.read.base_terms.BASE_TERMS.nbytes`: postings, document lengths, keys, vocabularies).
+Memory: the bytes of the base's term state (`memwal_df.read.base_terms.BASE_TERMS.nbytes`:
+postings, document lengths, keys, vocabularies), the peak of numpy's allocations while it is built
+again from nothing (tracemalloc), and the resident set.
 
     python bench/fts_merge.py --docs 50000 --upserts 1000 --rounds 3   # quick
     python bench/fts_merge.py --index                                  # 1M documents, 10k upserts
@@ -23,6 +24,8 @@ import gc
 import shutil
 import statistics
 import time
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import lance
@@ -31,6 +34,7 @@ import pyarrow as pa
 from _workload import make_rows, scratch_root
 
 import memwal_df as mw
+from memwal_df.read.base_terms import BASE_TERMS
 from memwal_df.read.search import plan_fts
 
 
@@ -42,11 +46,18 @@ def resident_mb() -> float:
 
 
 def term_state_mb() -> float:
-    try:
-        from memwal_df.read.base_terms import BASE_TERMS
-    except ImportError:
-        return float("nan")
     return BASE_TERMS.nbytes / 2**20
+
+
+def rebuild_peak_mb(uri: str, query: Callable[[], float]) -> float:
+    """The peak of numpy's allocations (tracemalloc) while the base term state is built again."""
+    BASE_TERMS.forget(str(Path(uri).resolve()))
+    BASE_TERMS.forget(uri)
+    tracemalloc.start()
+    query()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak / 2**20
 
 
 def text_rows(rng: np.random.Generator, ids: np.ndarray, vocab: list[str]) -> pa.Table:
@@ -88,13 +99,14 @@ def run(args: argparse.Namespace, root: Path) -> None:
         plan_fts(reader, "text", queries[i % len(queries)], 10).to_table()
         return (time.perf_counter() - t0) * 1000
 
-    rss0 = resident_mb()
     cold = query(0)
     print(f"docs={args.docs} index={args.index} upserts/round={args.upserts}")
     print(
-        f"first query of the process: {cold:.1f} ms, resident +{resident_mb() - rss0:.0f} MB, "
-        f"base term state {term_state_mb():.1f} MB"
+        f"first query of the process: {cold:.1f} ms, base term state {term_state_mb():.1f} MB, "
+        f"resident {resident_mb():.0f} MB"
     )
+    build_peak_mb = rebuild_peak_mb(uri, lambda: query(0))
+    print(f"peak numpy memory of a rebuild of the base term state (tracemalloc): {build_peak_mb:.0f} MB")
     frozen = [query(i) for i in range(1, args.repeat + 1)]
     print(f"frozen: p50 {statistics.median(frozen):.2f} ms, max {max(frozen):.2f} ms")
     print(
