@@ -284,36 +284,45 @@ class _Tokenized:
         self.rows += batch.num_rows
 
     def split(self, sizes: Sequence[int], vocabulary: Vocabulary) -> list[FragmentTerms]:
-        """One term index per run of `sizes` rows."""
-        docs = np.concatenate(self.docs) if self.docs else np.zeros(0, np.int64)
-        terms = np.concatenate(self.terms) if self.terms else np.zeros(0, np.int64)
-        tfs = np.concatenate(self.tfs) if self.tfs else np.zeros(0, np.int64)
-        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
-        valid = np.concatenate(self.valid) if self.valid else np.zeros(0, bool)
-        keys = pa.chunked_array(self.keys) if self.keys else None
+        """One term index per run of `sizes` rows (the stream is consumed)."""
+        docs, terms, tfs = (
+            _drained(self.docs, np.int32),
+            _drained(self.terms, np.int32),
+            _drained(self.tfs, np.uint8),
+        )
+        lengths, valid = _drained(self.lengths, np.int64), _drained(self.valid, np.bool_)
+        keys = pa.chunked_array(self.keys) if self.keys else pa.chunked_array([], pa.int64())
         out, first = [], 0
         for size in sizes:
             lo, hi = np.searchsorted(docs, [first, first + size])  # pairs are ordered by row
-            term = compact_uint(terms[lo:hi])
-            order = np.argsort(term, kind="stable")  # documents stay ascending within a term
-            term_ids, starts = np.unique(term[order], return_index=True)
-            fragment_keys = (
-                keys.slice(first, size).combine_chunks() if keys is not None else pa.array([], pa.int64())
+            order = np.argsort(compact_uint(terms[lo:hi]), kind="stable")  # rows stay ascending per term
+            term = terms[lo:hi][order]
+            starts = (
+                np.flatnonzero(np.r_[True, term[1:] != term[:-1]]) if len(term) else np.zeros(0, np.int64)
             )
+            fragment_docs = docs[lo:hi][order]
+            fragment_docs -= first
             out.append(
                 FragmentTerms(
                     doc_len=compact_uint(lengths[first : first + size]),
                     in_corpus=valid[first : first + size].copy(),
-                    positions=KeyPositions.of(fragment_keys),
+                    positions=KeyPositions.of(keys.slice(first, size).combine_chunks()),
                     vocabulary=vocabulary,
-                    term_ids=term_ids.astype(np.int64),
+                    term_ids=term[starts].astype(np.int64),
                     offsets=np.append(starts, len(term)).astype(np.int64),
-                    docs=(docs[lo:hi][order] - first).astype(np.int32),
+                    docs=fragment_docs.astype(np.int32, copy=False),
                     tf=compact_uint(tfs[lo:hi][order]),
                 )
             )
             first += size
         return out
+
+
+def _drained(arrays: list[np.ndarray], empty: type) -> np.ndarray:
+    """The arrays one after the other; the list is emptied (its pieces freed as soon as possible)."""
+    out = np.concatenate(arrays) if arrays else np.zeros(0, empty)
+    arrays.clear()
+    return out
 
 
 def build_fragment_terms(
