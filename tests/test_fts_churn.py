@@ -34,9 +34,9 @@ QUERIES = ["apple", "kiwi fig", "quince sloe yuzu", "date plum pear"]
 Row = dict[str, Any]
 
 
-def rows_with_nulls(ids: list[int], seed: int, null_every: int) -> pa.Table:
+def rows_with_nulls(ids: list[int], seed: int, null_every: int, str_keys: bool = False) -> pa.Table:
     """`make_rows`, with a NULL text for every id divisible by `null_every`."""
-    rows = make_rows(ids, seed)
+    rows = make_rows(ids, seed, str_keys)
     text = [None if i % null_every == 0 else t for i, t in zip(ids, rows["text"].to_pylist(), strict=True)]
     return rows.set_column(rows.schema.get_field_index("text"), "text", pa.array(text, pa.string()))
 
@@ -45,25 +45,26 @@ class Churn:
     """A table (base with NULL texts, optionally an inverted index), its writer, a dict model, and
     one reader that lives across every step."""
 
-    def __init__(self, uri: str, indexed: bool) -> None:
-        base = rows_with_nulls(list(range(60)), seed=0, null_every=7)
+    def __init__(self, uri: str, indexed: bool, str_keys: bool = False) -> None:
+        self.str_keys = str_keys
+        base = rows_with_nulls(list(range(60)), seed=0, null_every=7, str_keys=str_keys)
         mw.create_table(uri, base, primary_key="id", region_spec=mw.bucket("id", 2))
         if indexed:
             lance.dataset(uri).create_scalar_index("text", "INVERTED", stem=False, remove_stop_words=False)
-        self.lsm = SearchLsm(uri, [], create=False)
-        self.model: dict[int, Row] = {r["id"]: r for r in base.to_pylist()}
+        self.lsm = SearchLsm(uri, [], create=False, str_keys=str_keys)
+        self.model: dict[Any, Row] = {r["id"]: r for r in base.to_pylist()}
         self.reader = self.lsm.reader()
 
     def apply(self, op: tuple[Any, ...]) -> None:
         kind, table = op[0], self.lsm.table
         if kind == "put":
-            rows = rows_with_nulls(sorted(set(op[1])), op[2], op[3])
+            rows = rows_with_nulls(sorted(set(op[1])), op[2], op[3], self.str_keys)
             self.lsm.writer.put(rows)
             self.model.update((r["id"], r) for r in rows.to_pylist())
         elif kind == "delete":
             self.lsm.delete(sorted(set(op[1])))
             for i in op[1]:
-                self.model.pop(i, None)
+                self.model.pop(f"k{i:03d}" if self.str_keys else i, None)
         elif kind == "compact":
             lance.dataset(table.uri).optimize.compact_files(target_rows_per_fragment=op[1])
         elif kind == "cleanup":
@@ -117,9 +118,11 @@ def test_long_lived_reader_equals_reference_after_every_step(
         churn.lsm.close()
 
 
-def test_merges_compaction_cleanup_and_gc_in_turn(tmp_path: Path) -> None:
-    """A fixed history through every kind of base change, checked after each step."""
-    churn = Churn(str(tmp_path / "t"), indexed=True)
+@pytest.mark.parametrize("str_keys", [False, True])
+def test_merges_compaction_cleanup_and_gc_in_turn(tmp_path: Path, str_keys: bool) -> None:
+    """A fixed history through every kind of base change, checked after each step (string keys:
+    located among a fragment's documents by hash lookup)."""
+    churn = Churn(str(tmp_path / "t"), indexed=True, str_keys=str_keys)
     steps: list[tuple[Any, ...]] = [
         ("put", list(range(0, 40)), 1, 3),
         ("merge",),
