@@ -436,7 +436,7 @@ def base_parts(
         for lv in newer.levels
         if isinstance(lv, GenerationLevel) and (ks := lv.key_set(pk, newer.key_type)) is not None
     ]
-    digest = generations_digest(newer.levels)
+    digest = generations_digest([lv for lv, _ in generations])
     parts = []
     for f, terms in zip(listed, indexes, strict=True):
 

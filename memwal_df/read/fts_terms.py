@@ -309,12 +309,16 @@ def live_documents(index: Terms, newer: NewerLevels, owner: GenerationLevel | No
     all of the newer generations with `owner` (named `name` and the generations), so a query with the
     same newer generations applies only its MemTables."""
 
+    generations = [
+        (level, key_set)
+        for level in newer.levels
+        if isinstance(level, GenerationLevel)
+        and (key_set := level.key_set(newer.primary_key, newer.key_type)) is not None
+    ]
+
     def under_generations() -> np.ndarray:
         live = index.in_corpus.copy()
-        for level in newer.levels:
-            key_set = level.key_set(newer.primary_key, newer.key_type)
-            if key_set is None or not isinstance(level, GenerationLevel):
-                continue
+        for level, key_set in generations:
             if owner is not None:
                 hits = level.cached(
                     f"hides-in:{owner.uri}:{name}", functools.partial(index.positions_of, key_set)
@@ -328,7 +332,7 @@ def live_documents(index: Terms, newer: NewerLevels, owner: GenerationLevel | No
     if owner is None:
         live = under_generations()
     else:
-        digest = generations_digest(newer.levels)
+        digest = generations_digest([level for level, _ in generations])
         live = owner.cached(f"live:{name}:{digest}", under_generations, lambda m: int(m.nbytes))
     hidden = hidden_by_memtables(index, newer)
     if hidden is not None:
