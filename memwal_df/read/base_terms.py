@@ -362,10 +362,18 @@ def build_fragment_terms(
 
 @dataclass(frozen=True)
 class _Listed:
-    fragment: lance.LanceFragment
+    """A fragment of a base version (no reference to the dataset: listings are kept per dataset)."""
+
+    fragment_id: int
     name: str  # of its term index in BASE_TERMS: what identifies its data
     deletion: str  # what identifies its deletion vector
     rows: int
+
+
+def _fragment(base: lance.LanceDataset, fragment_id: int) -> lance.LanceFragment:
+    fragment = base.get_fragment(fragment_id)
+    assert fragment is not None, f"fragment {fragment_id} is one of the listed fragments of the version"
+    return fragment
 
 
 _LISTINGS: PerObjectCache[lance.LanceDataset, dict[tuple[int, str], list[_Listed]]] = PerObjectCache()
@@ -385,7 +393,9 @@ def _listing(base: lance.LanceDataset, column: str, tokenizer: Tokenizer) -> lis
             files = ",".join(f.path for f in metadata.files)
             overlays = f":{metadata.overlays}" if getattr(metadata, "overlays", None) else ""
             name = f"terms:{key[1]}:{fragment.fragment_id}:{files}{overlays}"
-            out.append(_Listed(fragment, name, deletion_file_id(fragment), metadata.physical_rows))
+            out.append(
+                _Listed(fragment.fragment_id, name, deletion_file_id(fragment), metadata.physical_rows)
+            )
         listings[key] = out
     return listings[key]
 
@@ -412,7 +422,7 @@ def _term_indexes(
         for i, f in enumerate(missing):
             group.append(f)
             if i == len(missing) - 1 or sum(g.rows for g in group) + missing[i + 1].rows > _GROUP_ROWS:
-                fragments = [g.fragment for g in group]
+                fragments = [_fragment(base, g.fragment_id) for g in group]
                 terms = build_fragment_terms(base, fragments, pk, column, tokenizer, vocabulary)
                 for g, t in zip(group, terms, strict=True):
                     BASE_TERMS.put(base.uri, g.name, t, t.nbytes)
@@ -442,15 +452,13 @@ def base_parts(
 
         def deleted(f: _Listed = f) -> np.ndarray:
             BUILT.deletion_files += f.deletion != "-"
-            return deleted_offsets(storage, f.fragment)
+            return deleted_offsets(storage, _fragment(base, f.fragment_id))
 
         state = terms.shadowed(f.deletion, deleted, digest, generations)
         hidden = hidden_by_memtables(terms, newer)
         state = state.without(terms, None if hidden is None else np.unique(hidden))
         parts.append(
-            TermPart(
-                terms, state.live, state.live, f.fragment.fragment_id << 32, state.num_docs, state.total_len
-            )
+            TermPart(terms, state.live, state.live, f.fragment_id << 32, state.num_docs, state.total_len)
         )
         terms.forget_hidden({lv.uri for lv, _ in generations})
     return parts
