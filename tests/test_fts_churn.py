@@ -24,7 +24,7 @@ from memwal_df.format.deletion_files import deleted_offsets
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.tokenizer import Tokenizer
 from memwal_df.jobs.maintain import cleanup_versions
-from memwal_df.read.base_terms import BUILT, base_parts
+from memwal_df.read.base_terms import BASE_TERMS, BUILT, base_parts
 from memwal_df.read.fts_terms import KeyPositions
 from memwal_df.read.keys import KeySet
 from memwal_df.read.newer_levels import NewerLevels
@@ -185,6 +185,8 @@ def test_a_new_base_version_tokenizes_only_its_new_fragments(tmp_path: Path) -> 
         counts = replace(BUILT)
         churn.check(QUERIES, 10)  # the same version again: nothing read or tokenized
         assert BUILT == counts
+        held = [name for name in BASE_TERMS.names(ds.uri) if name.startswith("terms:")]
+        assert len(held) == len(after), "fragments the newest version no longer lists are dropped"
     churn.lsm.close()
 
 

@@ -20,6 +20,10 @@ frequencies in the smallest unsigned type that holds them. Memory: ~5 bytes per 
 term) pair, ~14 per document (length, text flag, sorted key and its offset), 1 per physical row per
 deletion vector kept, ~80 per vocabulary term.
 
+When a newer base version is first listed, the term indexes of the fragments the previous newest
+version listed and it does not (compacted away) are dropped; a reader of an older version rebuilds
+them.
+
 Guarantees: every fragment's term index covers all its physical rows, so it is exact for every base
 version that lists the fragment, whatever its deletion vector; `BUILT` counts the fragments indexed,
 documents tokenized and deletion files read by the process.
@@ -397,7 +401,26 @@ def _listing(base: lance.LanceDataset, column: str, tokenizer: Tokenizer) -> lis
                 _Listed(fragment.fragment_id, name, deletion_file_id(fragment), metadata.physical_rows)
             )
         listings[key] = out
+        _retire(base, key[1], out)
     return listings[key]
+
+
+_newest: dict[tuple[str, str], tuple[int, set[str]]] = {}  # (uri, column and tokenizer) -> listing
+_newest_lock = threading.Lock()
+
+
+def _retire(base: lance.LanceDataset, what: str, listed: Sequence[_Listed]) -> None:
+    """When `base` is the newest version listed yet: drop the term indexes of the fragments the
+    previous newest version listed and this one does not (compacted away; a reader of an older
+    version rebuilds them)."""
+    names = {f.name for f in listed}
+    with _newest_lock:
+        before = _newest.get((base.uri, what))
+        if before is not None and before[0] >= base.version:
+            return
+        _newest[(base.uri, what)] = (base.version, names)
+    if before is not None and (gone := before[1] - names):
+        BASE_TERMS.forget(base.uri, gone)
 
 
 _GROUP_ROWS = 1 << 20  # fragments built in one scan, up to this many rows
