@@ -53,3 +53,4 @@ class ExecNode(ABC):
         if not batches:
             raise ValueError(f"{type(self).__name__} produced no rows and knows no schema")
         return pa.Table.from_batches(batches)
+
