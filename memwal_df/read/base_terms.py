@@ -8,17 +8,17 @@ file paths, the column and the tokenizer. A new base version builds term indexes
 it added only (all of them in one scan and one tokenization pass); the others are reused as they are.
 
 A fragment's documents in one base version are the rows its deletion vector keeps whose text is not
-NULL (`FragmentLive`, kept with the fragment for its newest deletion vectors; a newer deletion
-vector that only adds deletions patches the newest one kept), minus the rows whose key a newer level
-holds (located among the fragment's sorted keys; per newer generation kept with the fragment, per
-MemTable computed per query). A query pays for the rows newer levels hide, not for the fragment's
-size; corpus statistics are sums over fragments (`TermPart.corpus`).
+NULL (`FragmentLive`, read once per deletion file; a newer deletion vector that only adds deletions
+patches the newest one kept), minus the rows whose key a newer level holds (located among the
+fragment's sorted keys). The live mask under a deletion vector and a set of newer generations is kept
+with the fragment (its newest few), so a query over the same generations applies only its
+MemTables' keys; corpus statistics are sums over fragments (`TermPart.corpus`).
 
 Postings are arrays only: the fragments of one (table, column, tokenizer) share a `Vocabulary` (term
 -> id), and a fragment keeps, per term id it holds, a slice of int32 document offsets and of
 frequencies in the smallest unsigned type that holds them. Memory: ~5 bytes per distinct (document,
 term) pair, ~14 per document (length, text flag, sorted key and its offset), 1 per physical row per
-deletion vector kept, ~80 per vocabulary term.
+live mask kept, ~80 per vocabulary term.
 
 When a newer base version is first listed, the term indexes of the fragments the previous newest
 version listed and it does not (compacted away) are dropped; a reader of an older version rebuilds
