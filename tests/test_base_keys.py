@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_df.format.deletion_files import deleted_offsets, roaring_values
+from memwal_df.format.deletion_files import decode, deleted_offsets, roaring_values
 from memwal_df.format.open_storage import open_storage
 from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, fragment_signatures
 from memwal_df.read.exec.masked_scan import MaskedScanExec, fragment_rows
@@ -52,7 +52,9 @@ def test_deletion_files_read_as_lance_reads_them(tmp_path, where):
     (fragment,) = ds.get_fragments()
     d = fragment.metadata.deletion_file
     data = open_storage(uri).get(fragment.deletion_file())
-    assert np.array_equal(deleted_offsets(data, d.file_type), _lance_deleted(ds, fragment))
+    assert np.array_equal(decode(data, d.file_type), _lance_deleted(ds, fragment))
+    assert np.array_equal(deleted_offsets(open_storage(uri), fragment), _lance_deleted(ds, fragment))
+    assert np.array_equal(deleted_offsets(None, fragment), _lance_deleted(ds, fragment))  # Lance's scan
 
 
 def _roaring_with_runs(runs: list[tuple[int, int]], array: list[int]) -> bytes:
@@ -74,9 +76,9 @@ def test_roaring_run_containers_and_bad_bytes():
         with pytest.raises(ValueError):
             roaring_values(bad)
     with pytest.raises(ValueError):
-        deleted_offsets(b"not arrow", "array")
+        decode(b"not arrow", "array")
     with pytest.raises(ValueError):
-        deleted_offsets(data, "something else")
+        decode(data, "something else")
 
 
 def _expected(ds: lance.LanceDataset, keys: np.ndarray) -> np.ndarray:

@@ -1,24 +1,29 @@
 """Lance deletion files: which physical rows of a fragment a version deletes, read from the file.
 
-A fragment's deletion file (`_deletions/<fragment>-<read version>-<id>.<ext>` under the dataset) holds
-the offsets of its deleted rows: `array` files (`.arrow`) as an Arrow IPC file of one uint32 column,
-`bitmap` files (`.bin`) as a 32-bit Roaring bitmap in the portable serialization (the format of
-`RoaringBitmap::serialize_into`). Reading it costs in proportion to the deletions, where a Lance scan
+Lance 14 writes a fragment's deletion vector as `_deletions/{fragment}-{read_version}-{id}.arrow`
+(type `array`: an Arrow IPC file of one `uint32` column of offsets) or `.bin` (type `bitmap`: a 32-bit
+Roaring bitmap in the portable serialization, the format of `RoaringBitmap::serialize_into`). A
+deletion file never changes once written: a newer deletion of the fragment writes a new file, which
+holds every offset of the old one. Reading it costs in proportion to the deletions, where a Lance scan
 of the fragment's live row addresses costs in proportion to its rows.
 
-Guarantees: `deleted_offsets` returns the sorted offsets the file holds, or raises `ValueError` for
-bytes that are not such a file (callers then ask Lance).
+Guarantees: `deleted_offsets` returns exactly the offsets Lance removes (a decoded file must hold as
+many offsets as the manifest records), else Lance's own scan of the fragment's live rows decides;
+`decode` raises `ValueError` for bytes that are not such a file.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-__all__ = ["deleted_offsets", "roaring_values"]
+from memwal_df.format.storage import Storage
+
+__all__ = ["decode", "deleted_offsets", "deletion_file_id", "roaring_values"]
 
 _COOKIE_NO_RUNS = 12346
 _COOKIE_RUNS = 12347
@@ -26,7 +31,38 @@ _NO_OFFSET_THRESHOLD = 4
 _ARRAY_MAX = 4096
 
 
-def deleted_offsets(data: bytes, file_type: str) -> np.ndarray:
+def deletion_file_id(fragment: Any) -> str:
+    """What identifies the fragment's deletion vector: `-` without one, else its file's id."""
+    d = fragment.metadata.deletion_file
+    return "-" if d is None else f"{d.read_version}-{d.id}"
+
+
+def deleted_offsets(storage: Storage | None, fragment: Any) -> np.ndarray:
+    """The sorted physical offsets (int64) the fragment's deletion vector removes; `storage` is the
+    dataset's (paths relative to its root), None to ask Lance."""
+    d = fragment.metadata.deletion_file
+    if d is None:
+        return np.zeros(0, np.int64)
+    path = fragment.deletion_file()
+    if storage is not None and d.base_id is None and path is not None:
+        try:
+            offsets = decode(storage.get(path), d.file_type).astype(np.int64)
+        except (OSError, ValueError):  # StorageError, ArrowInvalid, a corrupt bitmap: Lance decides
+            offsets = None
+        if offsets is not None and (d.num_deleted_rows is None or len(offsets) == d.num_deleted_rows):
+            return offsets
+    return _scanned(fragment)
+
+
+def _scanned(fragment: Any) -> np.ndarray:
+    """The deleted offsets from Lance's scan of the fragment's live row addresses."""
+    live = fragment.scanner(columns=[], with_row_address=True).to_table().column("_rowaddr")
+    kept = np.zeros(fragment.metadata.physical_rows, dtype=bool)
+    kept[(live.to_numpy() & np.uint64(0xFFFFFFFF)).astype(np.int64)] = True
+    return np.flatnonzero(~kept)
+
+
+def decode(data: bytes, file_type: str) -> np.ndarray:
     """The sorted row offsets (uint32) a deletion file of `file_type` (`array` or `bitmap`) holds."""
     if file_type == "array":
         try:

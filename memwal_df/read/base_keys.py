@@ -86,23 +86,10 @@ def _read_keys(
     return keys, addrs
 
 
-def _deleted_addrs(ds: lance.LanceDataset, storage: Storage | None, fragment: Any) -> np.ndarray:
-    """The row addresses a fragment's deletion file deletes: read from the file, or, when it cannot be
-    read as one, as the complement of the fragment's live rows (a Lance scan of row addresses)."""
-    fid = fragment.fragment_id
-    d = fragment.metadata.deletion_file
-    if d is None:
-        return np.empty(0, np.uint64)
-    if storage is not None:
-        try:
-            offsets = deleted_offsets(storage.get(fragment.deletion_file()), d.file_type)
-            return (np.uint64(fid) << np.uint64(32)) | offsets.astype(np.uint64)
-        except (ValueError, OSError):
-            pass
-    live = ds.scanner(columns=[], with_row_address=True, fragments=[fragment]).to_table()
-    live_offsets = live.column(_ADDR).to_numpy().astype(np.uint64) & _OFFSET_MASK
-    dead = np.setdiff1d(np.arange(fragment.metadata.physical_rows, dtype=np.uint64), live_offsets)
-    return (np.uint64(fid) << np.uint64(32)) | dead
+def _deleted_addrs(storage: Storage | None, fragment: Any) -> np.ndarray:
+    """The row addresses a fragment's deletion file deletes (see `memwal_df.format.deletion_files`)."""
+    offsets = deleted_offsets(storage, fragment).astype(np.uint64)
+    return (np.uint64(fragment.fragment_id) << np.uint64(32)) | offsets
 
 
 class _Bitmaps:
@@ -280,7 +267,7 @@ class BaseKeyIndex:
         deleted = {f: d for f, d in self.deleted.items() if f not in gone and signatures[f] == old[f]}
         for fid, sig in signatures.items():
             if fid not in added and sig.deletion is not None and fid not in deleted:
-                deleted[fid] = _deleted_addrs(ds, storage, ds.get_fragment(fid))
+                deleted[fid] = _deleted_addrs(storage, ds.get_fragment(fid))
         if added:
             runs = [*runs, _Run(*_read_keys(ds, primary_key, added))]
         index = BaseKeyIndex(ds.version, signatures, [r for r in runs if len(r)], deleted, self.key_type)
