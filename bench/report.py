@@ -1,4 +1,5 @@
-"""The benchmark report: runs bench/write.py, read.py, search.py and merge.py in one go (quick sizes
+"""The benchmark report: runs bench/write.py, read.py (and its narrow-schema workload, `read.py
+--narrow`), search.py and merge.py in one go (quick sizes
 by default, the reference workload of docs/performance.md with `--full`), each with `--json`, then writes
 bench/results/report.md and PNG charts from those JSON files (matplotlib, Agg backend).
 
@@ -31,10 +32,19 @@ RESULTS = BENCH / "results"
 QUICK = {
     "write": ["--small"],
     "read": ["--small", "--repeat", "3", "--lookups", "100"],
+    "narrow": ["--small", "--repeat", "3"],
     "search": ["--small"],
     "merge": ["--small"],
 }
 FULL: dict[str, list[str]] = {name: [] for name in QUICK}
+SCRIPT = {"narrow": "read"}  # benchmark -> the script that runs it (default: bench/<benchmark>.py)
+WORKLOAD = {"narrow": ["--narrow"]}  # benchmark -> the arguments that select its workload
+
+
+def command(name: str, full: bool) -> list[str]:
+    """The script and arguments of benchmark `name` (without `--json`)."""
+    script = BENCH / f"{SCRIPT.get(name, name)}.py"
+    return [str(script), *WORKLOAD.get(name, []), *(FULL if full else QUICK)[name]]
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -45,8 +55,7 @@ def run_benches(names: Sequence[str], full: bool, out: Path) -> dict[str, dict[s
     runs = {}
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for name in names:
-        cmd = [sys.executable, str(BENCH / f"{name}.py"), *(FULL if full else QUICK)[name]]
-        cmd += ["--json", str(out / f"{name}.json")]
+        cmd = [sys.executable, *command(name, full), "--json", str(out / f"{name}.json")]
         print(f"\n## {' '.join(Path(c).name if c.endswith('.py') else c for c in cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         code = subprocess.run(cmd, env=env, cwd=BENCH.parent).returncode
@@ -141,6 +150,44 @@ def read_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         "series": {e: [_read_ms(by[(o, e)]) if (o, e) in by else 0.0 for o in ops] for e in engines},
     }
     return lines, chart
+
+
+def narrow_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """Per SQL shape: memwal_df SQL and plain Lance (ms, median), unmerged and merged; the targets."""
+    by = {(r["phase"], r["shape"], r["engine"]): r["median_s"] * 1e3 for r in data["results"]}
+    shapes = list(dict.fromkeys(r["shape"] for r in data["results"]))
+    series: dict[str, list[float]] = {}
+    rows = []
+    for shape in shapes:
+        cells = []
+        for phase in ("unmerged", "merged"):
+            ours, plain = (
+                by.get((phase, shape, "memwal_df SQL")),
+                by.get((phase, shape, "plain Lance via DataFusion")),
+            )
+            series.setdefault(f"memwal_df SQL, {phase}", []).append(ours or 0.0)
+            series.setdefault(f"plain Lance, {phase}", []).append(plain or 0.0)
+            cells += (
+                [f"{ours:,.1f}", f"{plain:,.1f}", f"{ours / plain:.2f}x"] if ours and plain else ["-"] * 3
+            )
+        rows.append([shape, *cells])
+    gens = data["config"]["generations"]
+    lines = [f"### SQL shapes, {gens} unmerged generations, then merged (ms, median of the rounds)", ""]
+    lines += [
+        "Plain Lance here holds the same rows as the table (deduplicated), queried through Lance's "
+        "DataFusion provider (`lance.FFILanceTableProvider`) in the same SessionContext.",
+        "",
+    ]
+    heads = [
+        f"{who}, {phase}"
+        for phase in ("unmerged", "merged")
+        for who in ("memwal_df SQL", "plain Lance", "ratio")
+    ]
+    lines += _md_table(["SQL shape", *heads], rows)
+    lines += _targets(data)
+    for m in data.get("mismatches", []):
+        lines.append(f"\nWARNING: memwal_df's answer differs from plain Lance's: {m}")
+    return lines, {"groups": shapes, "series": series}
 
 
 def search_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -253,6 +300,9 @@ def charts(charts_data: dict[str, Any], out: Path) -> list[str]:
         grouped(
             "read.png", "Scans and point lookups (lower is better)", charts_data["read"], "ms (log)", True
         )
+    if "narrow" in charts_data:
+        title = "Narrow table: SQL shapes against plain Lance (lower is better)"
+        grouped("narrow.png", title, charts_data["narrow"], "ms (log)", True)
     for kind, values in charts_data.get("search", {}).items():
         horizontal(f"search-{kind.split()[0]}.png", f"{kind}: p50 latency (lower is better)", values, "ms")
     if "merge" in charts_data:
@@ -265,12 +315,14 @@ def charts(charts_data: dict[str, Any], out: Path) -> list[str]:
 SECTIONS = {
     "write": ("Write path (bench/write.py)", write_section),
     "read": ("Read path (bench/read.py)", read_section),
+    "narrow": ("Narrow table against plain Lance (bench/read.py --narrow)", narrow_section),
     "search": ("Search (bench/search.py)", search_section),
     "merge": ("Merge and background jobs (bench/merge.py)", merge_section),
 }
 CHART_OF = {
     "write": ["write.png"],
     "read": ["read.png"],
+    "narrow": ["narrow.png"],
     "search": ["search-vector.png", "search-full-text.png"],
     "merge": ["merge.png"],
 }
@@ -301,7 +353,7 @@ def render(
         body, chart_data[name] = section(results[name])
         lines += ["", f"## {title}", ""]
         if name in runs:
-            cmd = " ".join([f"bench/{name}.py", *runs[name]["args"]])
+            cmd = " ".join([f"bench/{SCRIPT.get(name, name)}.py", *runs[name]["args"]])
             lines += [
                 f"`python {cmd}` ({runs[name]['seconds']:.0f} s, exit code {runs[name]['exit_code']})",
                 "",
