@@ -148,6 +148,14 @@ def build(root: Path, data: Data, memtable_rows: int) -> Built:
     return Built(t, plain_uri, generations, timings)
 
 
+def layout(uri: str) -> dict[str, int]:
+    """Fragments and deleted rows of the Lance table at `uri` (a merge adds both to the base)."""
+    ds = lance.dataset(uri)
+    fragments = ds.get_fragments()
+    physical = sum(f.metadata.physical_rows or 0 for f in fragments)
+    return {"fragments": len(fragments), "deleted_rows": physical - ds.count_rows()}
+
+
 # --------------------------------------------------------------------------------------------------
 # Answers
 # --------------------------------------------------------------------------------------------------
@@ -349,8 +357,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"SQL shapes ({args.repeat} round(s), engines taking turns; median):", flush=True)
         results, bad = measure(ctx, UNMERGED, "t", data, todo, args.repeat)
         t0 = time.perf_counter()
-        merged_rows = built.table.merge(parallel=True).rows
+        merged_rows = built.table.merge().rows
         timings["merge_s"] = time.perf_counter() - t0
+        merged_base = layout(built.table.uri)
         ctx.register_table("merged", mw.MemWalTable(built.table.uri))
         more, more_bad = measure(ctx, MERGED, "merged", data, todo, args.repeat)
         summary = [r.summary() for r in results + more]
@@ -359,7 +368,9 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(markdown(summary))
         print(
-            f"\nmerged: {merged_rows:,} rows merged in {timings['merge_s']:.1f}s, 0 unmerged generations.\n"
+            f"\nmerged: {merged_rows:,} rows merged in {timings['merge_s']:.1f}s, 0 unmerged generations; "
+            f"the base now has {merged_base['fragments']} fragments and {merged_base['deleted_rows']:,} "
+            f"deleted rows (plain Lance: {layout(built.plain_uri)['fragments']} fragments).\n"
         )
         print(targets_markdown(tgt))
         for line in bad:
@@ -379,6 +390,7 @@ def run(args: argparse.Namespace) -> int:
                 "batch": args.batch,
                 "memtable_rows": mt_rows,
                 "generations": built.generations,
+                "base_after_merge": merged_base,
                 "repeat": args.repeat,
                 "build": timings,
                 "total_s": total,
