@@ -42,6 +42,7 @@ from memwal_df.read.snapshot import take_snapshot
 
 SQL = "memwal_df SQL"
 PLAIN = "plain Lance via DataFusion"
+BASE = "Lance via DataFusion over the merged base"  # the same rows, in the merged base's layout
 UNMERGED, MERGED = "unmerged", "merged"
 CATEGORIES = pa.array([f"c{i}" for i in range(20)])
 GENERATIONS = 40  # generations the upserts are flushed into (about; 4 regions)
@@ -241,25 +242,34 @@ def _query(
 
 
 def measure(
-    ctx: datafusion.SessionContext, phase: str, ours: str, data: Data, todo: list[Shape], repeat: int
+    ctx: datafusion.SessionContext,
+    phase: str,
+    engines: list[tuple[str, str]],
+    data: Data,
+    todo: list[Shape],
+    repeat: int,
 ) -> tuple[list[Result], list[str]]:
-    """Each shape over table `ours` and `plain`, `repeat` rounds taking turns; results and mismatches."""
+    """Each shape over every (engine, table), `repeat` rounds taking turns; the results, and every
+    answer that differs from the `PLAIN` engine's."""
     results, bad = [], []
     for shape in todo:
         answers: dict[str, pa.Table] = {}
-        engines = [(SQL, ours), (PLAIN, "plain")]
         fns = [_query(ctx, shape.sql.format(t=table), answers, engine) for engine, table in engines]
-        for (engine, _), (samples, rows) in zip(engines, time_rounds(fns, repeat), strict=True):
-            results.append(Result(phase, shape.name, shape.sql.format(t="t"), engine, samples, rows))
-        ours_ms, plain_ms = results[-2].ms, results[-1].ms
+        timed = [
+            Result(phase, shape.name, shape.sql.format(t="t"), engine, samples, rows)
+            for (engine, _), (samples, rows) in zip(engines, time_rounds(fns, repeat), strict=True)
+        ]
+        results += timed
         print(
-            f"  {phase:<9} {shape.name:<32} {SQL} {ours_ms:9.1f} ms   {PLAIN} {plain_ms:9.1f} ms   "
-            f"{ours_ms / plain_ms:5.2f}x   {results[-1].rows:,} rows",
+            f"  {phase:<9} {shape.name:<32} "
+            + "   ".join(f"{r.engine} {r.ms:9.1f} ms" for r in timed)
+            + f"   {timed[-1].rows:,} rows",
             flush=True,
         )
-        if (why := mismatch(shape, answers[SQL], answers[PLAIN], data.model)) is not None:
-            bad.append(f"{phase}: {shape.name}: {why}")
-            print(f"MISMATCH {bad[-1]}", flush=True)
+        for engine, _ in engines:
+            if engine != PLAIN and (why := mismatch(shape, answers[engine], answers[PLAIN], data.model)):
+                bad.append(f"{phase}: {shape.name}: {engine}: {why}")
+                print(f"MISMATCH {bad[-1]}", flush=True)
     return results, bad
 
 
@@ -299,28 +309,19 @@ def targets(results: list[dict[str, Any]], rows: int, generations: int) -> list[
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    unmerged, merged = ratios(results, UNMERGED), ratios(results, MERGED)
+    ms = {(r["phase"], r["shape"], r["engine"]): r["median_s"] * 1e3 for r in results}
     lines = [
-        "| SQL shape | memwal_df SQL ms | plain Lance ms | ratio | merged: memwal_df SQL ms "
-        "| merged: plain Lance ms | merged: ratio | target |",
-        "|---|--:|--:|--:|--:|--:|--:|---|",
+        "| SQL shape | memwal_df SQL ms | plain Lance ms | ratio | target | merged: memwal_df SQL ms "
+        "| merged: plain Lance ms | merged: ratio | merged: Lance over the merged base ms |",
+        "|---|--:|--:|--:|---|--:|--:|--:|--:|",
     ]
-    for shape, (ours, plain) in unmerged.items():
+    for shape, (ours, plain) in ratios(results, UNMERGED).items():
         target = f"<= {MAX_RATIO}x" + (f"; <= {MAX_COUNT_MS:g} ms" if shape == "count(*)" else "")
-        after = (
-            [
-                f"{merged[shape][0]:,.1f}",
-                f"{merged[shape][1]:,.1f}",
-                f"{merged[shape][0] / merged[shape][1]:.2f}x",
-            ]
-            if shape in merged
-            else ["-"] * 3
-        )
-        lines.append(
-            f"| {shape} | {ours:,.1f} | {plain:,.1f} | {ours / plain:.2f}x | "
-            + " | ".join(after)
-            + f" | {target} |"
-        )
+        after = [ms.get((MERGED, shape, e)) for e in (SQL, PLAIN, BASE)]
+        cells = ["-" if x is None else f"{x:,.1f}" for x in after]
+        cells.insert(2, f"{after[0] / after[1]:.2f}x" if after[0] and after[1] else "-")
+        row = [shape, f"{ours:,.1f}", f"{plain:,.1f}", f"{ours / plain:.2f}x", target, *cells]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -355,13 +356,15 @@ def run(args: argparse.Namespace) -> int:
         ctx.register_table("plain", lance.FFILanceTableProvider(lance.dataset(built.plain_uri)))
         ctx.register_table("t", mw.MemWalTable(built.table.uri))
         print(f"SQL shapes ({args.repeat} round(s), engines taking turns; median):", flush=True)
-        results, bad = measure(ctx, UNMERGED, "t", data, todo, args.repeat)
+        results, bad = measure(ctx, UNMERGED, [(SQL, "t"), (PLAIN, "plain")], data, todo, args.repeat)
         t0 = time.perf_counter()
         merged_rows = built.table.merge().rows
         timings["merge_s"] = time.perf_counter() - t0
         merged_base = layout(built.table.uri)
         ctx.register_table("merged", mw.MemWalTable(built.table.uri))
-        more, more_bad = measure(ctx, MERGED, "merged", data, todo, args.repeat)
+        ctx.register_table("base", lance.FFILanceTableProvider(lance.dataset(built.table.uri)))
+        engines = [(SQL, "merged"), (BASE, "base"), (PLAIN, "plain")]
+        more, more_bad = measure(ctx, MERGED, engines, data, todo, args.repeat)
         summary = [r.summary() for r in results + more]
         bad += more_bad
         tgt = targets(summary, rows, built.generations)

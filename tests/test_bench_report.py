@@ -88,7 +88,14 @@ def test_report_figures_come_from_the_json(results):
         if engine == "memwal_df SQL":
             plain = by[(phase, shape, "plain Lance via DataFusion")]
             assert f"| {ours:,.1f} | {plain:,.1f} | {ours / plain:.2f}x |" in report
-    assert len({shape for _, shape, _ in by}) == 9 and {phase for phase, _, _ in by} == {"unmerged", "merged"}
+    assert len({shape for _, shape, _ in by}) == 9
+    assert {(phase, engine) for phase, _, engine in by} == {
+        ("unmerged", "memwal_df SQL"),
+        ("unmerged", "plain Lance via DataFusion"),
+        ("merged", "memwal_df SQL"),
+        ("merged", "plain Lance via DataFusion"),
+        ("merged", "Lance via DataFusion over the merged base"),
+    }
     assert "## Search" not in report  # no search.json: no section
 
 
