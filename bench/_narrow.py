@@ -106,10 +106,8 @@ def make_data(rows: int, upserts: int, batch: int, seed: int = 7) -> Data:
         columns = [pa.array(ids, pa.int64()), CATEGORIES.take(pa.array(cat)), pa.array(val)]
         return pa.Table.from_arrays(columns, schema=SCHEMA)
 
-    model_cat, model_val = (
-        np.concatenate([cat[:rows], np.zeros(n_new, cat.dtype)]),
-        val[: rows + n_new].copy(),
-    )
+    model_cat = np.concatenate([cat[:rows], np.zeros(n_new, cat.dtype)])
+    model_val = np.concatenate([val[:rows], np.zeros(n_new)])
     model_cat[ids], model_val[ids] = cat[rows:], val[rows:]  # ids are distinct: each key's last version
     put = [slice(lo, lo + batch) for lo in range(0, upserts, batch)]
     return Data(
