@@ -39,7 +39,9 @@ Row = dict[str, Any]
 Model = dict[int, Row]
 
 
-def row(key: int, category: str | None, value: float | None, text: str | None, vec: list[float] | None) -> Row:
+def row(
+    key: int, category: str | None, value: float | None, text: str | None, vec: list[float] | None
+) -> Row:
     return {"id": key, "category": category, "value": value, "text": text, "vec": vec}
 
 
