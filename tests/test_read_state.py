@@ -34,6 +34,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from support.figures import case_name, record
 from support.jobs import cleanup
 from support.read_state import (
     CATEGORIES,
@@ -51,6 +52,7 @@ from support.read_state import (
 
 import memwal_df as mw
 
+GUARANTEE = "reader freshness"
 ZERO = timedelta(0)
 KEYS = st.integers(0, 30)
 VALUES = st.none() | st.integers(-8, 8).map(lambda v: v / 4)
@@ -109,6 +111,7 @@ class ReadStateMachine(RuleBasedStateMachine):
         self.writer: mw.TableWriter | None = None
         self.indexed = False
         self.steps = 0
+        self.rows_checked = 0
         self.ctx = mw.register(datafusion.SessionContext())
 
     # ------------------------------------------------------------------ setup
@@ -200,13 +203,13 @@ class ReadStateMachine(RuleBasedStateMachine):
     @invariant()
     def reads_equal_the_model(self) -> None:
         self.steps += 1
-        check_reads(self.ctx, "d", self.flushed, seed=self.steps)
+        self.rows_checked += check_reads(self.ctx, "d", self.flushed, seed=self.steps)
         projected = self.durable.to_table(columns=["category", "id"]).to_pylist()
         assert sorted(projected, key=lambda r: r["id"]) == [
             {"category": r["category"], "id": k} for k, r in sorted(self.flushed.items())
         ]
         if self.writer is not None:
-            check_reads(self.ctx, "w", self.acked, seed=self.steps)
+            self.rows_checked += check_reads(self.ctx, "w", self.acked, seed=self.steps)
 
     def teardown(self) -> None:
         try:
@@ -216,11 +219,17 @@ class ReadStateMachine(RuleBasedStateMachine):
             self._cleanup()
 
 
-def run_machine(tmp_path: Path, **cfg: Any) -> None:
+def run_machine(tmp_path: Path, request: pytest.FixtureRequest, **cfg: Any) -> None:
     class Machine(ReadStateMachine):
         def __init__(self) -> None:
             uri = str(tmp_path / uuid.uuid4().hex)
             super().__init__(uri, lambda: shutil.rmtree(uri, ignore_errors=True))
+
+        def teardown(self) -> None:
+            super().teardown()
+            record(
+                GUARANTEE, case_name(request), histories=1, steps=self.steps, rows_checked=self.rows_checked
+            )
 
     run_state_machine_as_test(
         Machine,
@@ -230,13 +239,13 @@ def run_machine(tmp_path: Path, **cfg: Any) -> None:
     )
 
 
-def test_read_state_machine(tmp_path: Path) -> None:
-    run_machine(tmp_path, max_examples=10, stateful_step_count=30)
+def test_read_state_machine(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    run_machine(tmp_path, request, max_examples=6, stateful_step_count=20)
 
 
 @pytest.mark.slow
-def test_read_state_machine_long(tmp_path: Path) -> None:
-    run_machine(tmp_path, max_examples=150, stateful_step_count=40)
+def test_read_state_machine_long(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    run_machine(tmp_path, request, max_examples=100, stateful_step_count=40)
 
 
 # ---------------------------------------------------------------------- lifecycle edges, one by one
@@ -261,6 +270,7 @@ class Lsm:
         self.ctx.register_table("d", self.durable)
         self.ctx.register_table("w", mw.MemWalTable(uri, writer=self.writer))
         self.checks = 0
+        self.rows_checked = 0
 
     def put(self, keys: list[int], seed: int) -> None:
         rows = [seeded_row(k, seed) for k in keys]
@@ -292,8 +302,12 @@ class Lsm:
 
     def check(self) -> None:
         self.checks += 1
-        check_reads(self.ctx, "d", self.flushed, seed=self.checks)
-        check_reads(self.ctx, "w", self.acked, seed=self.checks)
+        self.rows_checked += check_reads(self.ctx, "d", self.flushed, seed=self.checks)
+        self.rows_checked += check_reads(self.ctx, "w", self.acked, seed=self.checks)
+
+    def close(self, request: pytest.FixtureRequest) -> None:
+        self.writer.close()
+        record(GUARANTEE, case_name(request), steps=self.checks, rows_checked=self.rows_checked)
 
 
 @pytest.fixture(params=["no base index", "base indexes"])
@@ -301,7 +315,9 @@ def indexed(request: pytest.FixtureRequest) -> bool:
     return bool(request.param == "base indexes")
 
 
-def test_a_query_planned_before_a_merge_runs_after_it(tmp_path: Path, indexed: bool) -> None:
+def test_a_query_planned_before_a_merge_runs_after_it(
+    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
+) -> None:
     """A DataFrame built, and a scan planned (its fragments taken), before a merge, return the rows of
     their snapshot when run after it; the merge changes no row, so that is the model."""
     lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), indexed=indexed)
@@ -320,10 +336,12 @@ def test_a_query_planned_before_a_merge_runs_after_it(tmp_path: Path, indexed: b
     scanned = [r for f in fragments for r in f.scanner().to_table().to_pylist()]
     assert sorted(scanned, key=lambda r: r["id"]) == [lsm.flushed[k] for k in sorted(lsm.flushed)]
     lsm.check()
-    lsm.writer.close()
+    lsm.close(request)
 
 
-def test_a_generation_collected_between_two_queries(tmp_path: Path, indexed: bool) -> None:
+def test_a_generation_collected_between_two_queries(
+    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
+) -> None:
     """Queries that read (and may keep state of) generations, then merge, version cleanup and GC
     remove those generations: the next queries read their rows from the base."""
     lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), indexed=indexed)
@@ -338,10 +356,12 @@ def test_a_generation_collected_between_two_queries(tmp_path: Path, indexed: boo
     lsm.put([1, 2, 30], seed=4)
     lsm.flush()
     lsm.check()
-    lsm.writer.close()
+    lsm.close(request)
 
 
-def test_a_region_created_after_the_reader_was_registered(tmp_path: Path, indexed: bool) -> None:
+def test_a_region_created_after_the_reader_was_registered(
+    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
+) -> None:
     """Readers registered while the table has no region, then while it has one, see the rows of
     every region created since (in the writer's MemTables, then flushed, then merged)."""
     lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), regions=4, indexed=indexed)
@@ -358,11 +378,11 @@ def test_a_region_created_after_the_reader_was_registered(tmp_path: Path, indexe
     lsm.check()
     lsm.jobs().merge()
     lsm.check()
-    lsm.writer.close()
+    lsm.close(request)
 
 
 def test_version_cleanup_removes_the_base_version_a_previous_query_used(
-    tmp_path: Path, indexed: bool
+    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
 ) -> None:
     """Every query shape runs on base version v; merges make newer versions and cleanup deletes v:
     the next queries read the latest version, whatever was derived from v before."""
@@ -377,10 +397,12 @@ def test_version_cleanup_removes_the_base_version_a_previous_query_used(
         cleanup(lsm.table)
         assert used not in lsm.base_versions()
         lsm.check()
-    lsm.writer.close()
+    lsm.close(request)
 
 
-def test_a_key_updated_in_two_generations_then_one_merged(tmp_path: Path, indexed: bool) -> None:
+def test_a_key_updated_in_two_generations_then_one_merged(
+    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
+) -> None:
     """Keys written in generation 1 and again (updated, or deleted) in generation 2 of their region;
     merging generation 1 only puts its rows into the base, below generation 2's, which still win."""
     lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), indexed=indexed)
@@ -398,10 +420,12 @@ def test_a_key_updated_in_two_generations_then_one_merged(tmp_path: Path, indexe
     lsm.check()
     assert lsm.jobs().merge().generations
     lsm.check()
-    lsm.writer.close()
+    lsm.close(request)
 
 
-def test_a_delete_of_a_key_only_the_base_holds(tmp_path: Path, indexed: bool) -> None:
+def test_a_delete_of_a_key_only_the_base_holds(
+    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
+) -> None:
     """Deletes of base rows no generation holds: hidden while in the MemTable (`w` only), flushed
     (both), merged, and after cleanup and GC; counts, aggregates and both searches leave them out."""
     lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), indexed=indexed)
@@ -415,4 +439,27 @@ def test_a_delete_of_a_key_only_the_base_holds(tmp_path: Path, indexed: bool) ->
     assert lsm.collect()
     lsm.delete([2])
     lsm.check()
-    lsm.writer.close()
+    lsm.close(request)
+
+
+def test_a_base_compaction_moves_every_row(
+    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
+) -> None:
+    """Lance's compaction rewrites the base's fragments (new row addresses, deletions applied)
+    between queries: state located by row address or fragment must not survive it."""
+    lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), indexed=indexed)
+    for seed in (1, 2, 3):
+        lsm.put(list(range(seed, 20, 4)), seed=seed)
+        lsm.delete([seed * 2])
+        lsm.flush()
+        assert lsm.jobs().merge().generations
+    lsm.put([5, 8], seed=4)
+    lsm.flush()
+    lsm.check()
+    before = len(lance.dataset(lsm.uri).get_fragments())
+    lance.dataset(lsm.uri).optimize.compact_files(target_rows_per_fragment=1 << 20)
+    assert len(lance.dataset(lsm.uri).get_fragments()) < before
+    lsm.check()
+    assert lsm.jobs().merge().generations
+    lsm.check()
+    lsm.close(request)

@@ -144,10 +144,11 @@ def check_search(ctx: datafusion.SessionContext, name: str, model: Model, rng: r
             assert abs(distance - exact[r["id"]]) <= 1e-6
 
 
-def check_reads(ctx: datafusion.SessionContext, name: str, model: Model, seed: int) -> None:
+def check_reads(ctx: datafusion.SessionContext, name: str, model: Model, seed: int) -> int:
     """Every read shape of table `name` equals `model`; `seed` picks the probes (categories, bounds,
-    keys, words)."""
+    keys, words). Returns the rows compared by the full scan (the model's size)."""
     rng = random.Random(seed)
     check_scans(ctx, name, model, rng)
     check_lookups(ctx, name, model, rng)
     check_search(ctx, name, model, rng)
+    return len(model)
