@@ -86,8 +86,9 @@ def _cleanup_and_gc(table: mw.Table) -> None:
     table.gc(grace=ZERO)
 
 
-# Background work on the table, each run by a table object of its own; the maintain round (merge,
-# index build, catch-up, cleanup, GC) is drawn twice as often as the others.
+# Background work, each run by a table object of its own: the maintain loop's round (merge, index
+# build, catch-up, cleanup, GC), drawn twice as often as the others, or one job alone, so that the
+# states between jobs are read too.
 JOBS: dict[str, Callable[[mw.Table], Any]] = {
     "maintain round": _maintain,
     "merge": lambda t: t.merge(),
@@ -134,7 +135,7 @@ class ReadStateMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.writer is not None)
     @rule(rows=ROWS, then_flush=st.booleans())
-    def put(self, rows: list[Row], then_flush: bool = False) -> None:
+    def put(self, rows: list[Row], then_flush: bool) -> None:
         assert self.writer is not None
         self.writer.put(to_table(rows))
         apply(self.acked, rows)
@@ -150,6 +151,7 @@ class ReadStateMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.writer is not None)
     @rule(data=st.data(), then_flush=st.booleans())
     def delete(self, data: st.DataObject, then_flush: bool) -> None:
+        """Deletes of present keys (in any level) and of absent ones."""
         assert self.writer is not None
         present = st.sampled_from(sorted(self.acked)) if self.acked else KEYS
         keys = data.draw(st.lists(present | KEYS, min_size=1, max_size=4))
@@ -162,6 +164,9 @@ class ReadStateMachine(RuleBasedStateMachine):
     def flush(self) -> None:
         assert self.writer is not None
         self.writer.flush()
+        self.all_flushed()
+
+    def all_flushed(self) -> None:
         self.flushed = {k: dict(r) for k, r in self.acked.items()}
 
     @precondition(lambda self: self.writer is not None)
@@ -174,7 +179,7 @@ class ReadStateMachine(RuleBasedStateMachine):
             self.flush()
             return
         self.writer.close()
-        self.flushed = {k: dict(r) for k, r in self.acked.items()}
+        self.all_flushed()
         self.ctx.deregister_table("w")
         self.writer = None
         if action == "close and reopen":
