@@ -142,6 +142,17 @@ class ReadStateMachine(RuleBasedStateMachine):
         if then_flush:
             self.flush()
 
+    @precondition(lambda self: self.writer is not None)
+    @rule(
+        first=st.integers(0, 200),
+        count=st.integers(10, 80),
+        seed=st.integers(1, 99),
+        then_flush=st.booleans(),
+    )
+    def put_many(self, first: int, count: int, seed: int, then_flush: bool) -> None:
+        """A batch of new and existing keys over a wider key range: levels of many rows."""
+        self.put([seeded_row(k, seed) for k in range(first, first + count)], then_flush)
+
     @precondition(lambda self: self.writer is not None and self.acked)
     @rule(data=st.data())
     def update_existing(self, data: st.DataObject) -> None:
@@ -245,7 +256,7 @@ def run_machine(tmp_path: Path, request: pytest.FixtureRequest, **cfg: Any) -> N
 
 
 def test_read_state_machine(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    run_machine(tmp_path, request, max_examples=6, stateful_step_count=20)
+    run_machine(tmp_path, request, max_examples=5, stateful_step_count=20)
 
 
 @pytest.mark.slow
