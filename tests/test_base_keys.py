@@ -157,3 +157,21 @@ def test_shadow_probes_and_counts_by_address():
     probe = np.array([3, 4, 7, (1 << 32) | 5, (2 << 32) | 5, (1 << 32) | 9], dtype=np.uint64)
     assert shadow.hidden(probe).tolist() == [True, False, True, True, False, False]
     assert shadow.count_between(0, 1 << 32) == 2 and len(shadow) == 4
+
+
+def test_take_by_key_reads_the_live_rows(tmp_path):
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(np.arange(5000)), uri, max_rows_per_file=2000)
+    ds = lance.dataset(uri)
+    ds.delete("id % 7 = 0")
+    ds = lance.dataset(uri)
+    ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
+        _rows(np.array([1, 2, 3, 4999, 6000]), 5)
+    )
+    ds = lance.dataset(uri)
+    storage = open_storage(uri)
+    for index in (BaseKeyIndex.build(ds, storage, ["id"], pa.int64()),):
+        keys = np.array([0, 1, 2, 3, 8, 9, 1999, 2000, 2001, 4999, 6000, 7000], dtype=np.int64)
+        got = index.take(ds, storage, pa.array(keys), ["id", "v"]).sort_by("id")
+        want = ds.to_table(columns=["id", "v"], filter=f"id IN ({', '.join(map(str, keys))})")
+        assert got.to_pylist() == want.sort_by("id").to_pylist()

@@ -33,6 +33,8 @@ import pyarrow.compute as pc
 
 from memwal_df.format.deletion_files import deleted_offsets
 from memwal_df.format.storage import Storage
+from memwal_df.read.batches import projected_schema
+from memwal_df.read.fragments import fragment_take
 from memwal_df.read.keys import key_array
 
 __all__ = [
@@ -208,6 +210,7 @@ class BaseKeyIndex:
         self.deleted = deleted  # fragment id -> sorted row addresses its deletion file deletes
         self.key_type = key_type
         self._dead: _Bitmaps | None = None
+        self._deleted_read: dict[int, np.ndarray] = {}  # deleted offsets read for takes
         self._lock = threading.Lock()
         self._memo: OrderedDict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = OrderedDict()
 
@@ -297,6 +300,40 @@ class BaseKeyIndex:
         if self.deleted and len(found):
             found = found[~self._dead_rows().probe(found)]
         return np.sort(found)  # distinct: a key has one live row, found in one run
+
+    def take(
+        self, ds: lance.LanceDataset, storage: Storage | None, keys: pa.Array, columns: Sequence[str]
+    ) -> pa.Table:
+        """The live rows of `ds` (this index's version) holding any of `keys`, `columns` only, each
+        fragment's rows read through its kept `FragmentSession` by visible offset (a row's physical
+        offset minus the rows deleted below it)."""
+        addrs = self.locate(keys)
+        if not len(addrs):
+            return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
+        frags = (addrs >> np.uint64(32)).astype(np.int64)
+        parts = []
+        for fid in np.unique(frags).tolist():
+            offsets = (addrs[frags == fid] & _OFFSET_MASK).astype(np.int64)
+            deleted = self._deleted_offsets(ds, storage, fid)
+            visible = offsets - np.searchsorted(deleted, offsets) if len(deleted) else offsets
+            parts.append(fragment_take(ds, fid, visible, columns))
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+    def _deleted_offsets(self, ds: lance.LanceDataset, storage: Storage | None, fid: int) -> np.ndarray:
+        """The sorted physical offsets fragment `fid`'s deletion file deletes (kept with the index)."""
+        sig = self.fragments.get(fid)
+        if sig is None or sig.deletion is None:
+            return np.empty(0, np.int64)
+        known = self.deleted.get(fid)
+        if known is not None:
+            return (known & _OFFSET_MASK).astype(np.int64)
+        with self._lock:
+            found = self._deleted_read.get(fid)
+        if found is None:
+            found = deleted_offsets(storage, ds.get_fragment(fid))
+            with self._lock:
+                self._deleted_read[fid] = found
+        return found
 
     def view_shadow(self, view: Any) -> BaseShadow:
         """The live base rows holding a key of `view` (a `RegionView`), kept per view for as long as
