@@ -165,12 +165,14 @@ def test_take_by_key_reads_the_live_rows(tmp_path):
     ds = lance.dataset(uri)
     ds.delete("id % 7 = 0")
     ds = lance.dataset(uri)
+    storage = open_storage(uri)
+    before = BaseKeyIndex.build(ds, storage, ["id"], pa.int64())
     ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
         _rows(np.array([1, 2, 3, 4999, 6000]), 5)
     )
     ds = lance.dataset(uri)
-    storage = open_storage(uri)
-    for index in (BaseKeyIndex.build(ds, storage, ["id"], pa.int64()),):
+    patched = before.advance(ds, storage, ["id"], fragment_signatures(ds))
+    for index in (BaseKeyIndex.build(ds, storage, ["id"], pa.int64()), patched):
         keys = np.array([0, 1, 2, 3, 8, 9, 1999, 2000, 2001, 4999, 6000, 7000], dtype=np.int64)
         got = index.take(ds, storage, pa.array(keys), ["id", "v"]).sort_by("id")
         want = ds.to_table(columns=["id", "v"], filter=f"id IN ({', '.join(map(str, keys))})")
