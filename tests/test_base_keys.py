@@ -132,7 +132,7 @@ def _check_masked_scans(ds: lance.LanceDataset, index: BaseKeyIndex, keys: np.nd
     shadow = ShadowSet([part], lambda: index.mask([part]))
     want = _live(ds).filter(pa.array(~np.isin(_live(ds).column("id").to_numpy(), keys)))
     for live in (True, False):
-        fragments = [(f.fragment_id, fragment_rows(f, live)) for f in ds.get_fragments()]
+        fragments = list(fragment_rows(ds, live).items())
         spans = base_spans(fragments, 3, 1)
         scans = [
             MaskedScanExec(ds, s, cols, None, lambda: shadow, live=live, counts_all=i == 0)

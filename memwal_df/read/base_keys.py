@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from memwal_df.format.deletion_files import deleted_offsets
 from memwal_df.format.storage import Storage
 from memwal_df.read.batches import projected_schema
+from memwal_df.read.cache import PerObjectCache
 from memwal_df.read.fragments import fragment_take
 from memwal_df.read.keys import key_array
 
@@ -73,7 +74,16 @@ def fragment_signature(fragment: Any) -> FragmentSignature:
 
 
 def fragment_signatures(ds: lance.LanceDataset) -> dict[int, FragmentSignature]:
-    return {f.fragment_id: fragment_signature(f) for f in ds.get_fragments()}
+    """Every fragment's signature, in fragment id order; read once per dataset object and version (a
+    commit through the object moves the object itself to a new version)."""
+    by_version = _SIGNATURES.get(ds, dict)
+    version = ds.version
+    if version not in by_version:
+        by_version[version] = {f.fragment_id: fragment_signature(f) for f in ds.get_fragments()}
+    return by_version[version]
+
+
+_SIGNATURES: PerObjectCache[lance.LanceDataset, dict[int, dict[int, FragmentSignature]]] = PerObjectCache()
 
 
 def _read_keys(

@@ -169,9 +169,9 @@ def _plan_view_scan(
         out.append(Partition(label, lambda cols: UnionExec([region_scan(r, cols) for r in state.regions])))
     elif state.regions:
         out += [Partition(f"region {r.region_id}", _region_partition(region_scan, r)) for r in state.regions]
-    indexed = sum(fragment_rows(f, False) for f in snapshot.base.get_fragments()) <= MAX_INDEXED_BASE_ROWS
+    indexed = sum(fragment_rows(snapshot.base, False).values()) <= MAX_INDEXED_BASE_ROWS
     live = indexed and filter is None  # Lance applies offset and limit after a filter: `_rowaddr` then
-    fragments = [(f.fragment_id, fragment_rows(f, live)) for f in snapshot.base.get_fragments()]
+    fragments = list(fragment_rows(snapshot.base, live).items())
     pk = snapshot.schema.primary_key
 
     def base_scan(span: BaseSpan, first: bool) -> MakeNode:

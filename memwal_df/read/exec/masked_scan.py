@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_df.read.base_keys import ShadowSet, fragment_signature
+from memwal_df.read.base_keys import ShadowSet, fragment_signatures
 from memwal_df.read.batches import count_batch
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.lance_filter import split_for_lance
@@ -39,10 +39,12 @@ SCAN_BATCH_ROWS = 131_072
 _ADDR = "_rowaddr"
 
 
-def fragment_rows(fragment: Any, live: bool) -> int:
-    """A fragment's live rows (`live`) or physical rows, from its metadata."""
-    sig = fragment_signature(fragment)
-    return sig.physical_rows - sig.deleted_rows if live else sig.physical_rows
+def fragment_rows(base: Any, live: bool) -> dict[int, int]:
+    """Each fragment's live rows (`live`) or physical rows, from its metadata, in fragment id order."""
+    return {
+        fid: sig.physical_rows - sig.deleted_rows if live else sig.physical_rows
+        for fid, sig in fragment_signatures(base).items()
+    }
 
 
 class MaskedScanExec(ExecNode):
@@ -88,9 +90,10 @@ class MaskedScanExec(ExecNode):
         """(fragment, first row, end row, whole fragment) of each fragment the span covers, in the
         span's coordinates (live or physical rows)."""
         out = []
+        counts = fragment_rows(self.base, self.live)
         for fid in self.span.fragment_ids:
             fragment = self.base.get_fragment(fid)
-            rows = fragment_rows(fragment, self.live)
+            rows = counts[fid]
             lo = max(self.span.start, fid << 32) - (fid << 32)
             hi = min(self.span.stop, (fid << 32) | rows) - (fid << 32)
             if hi > lo:
@@ -99,7 +102,7 @@ class MaskedScanExec(ExecNode):
 
     def _count(self, shadow: ShadowSet) -> int:
         """The live, unshadowed rows of the whole base version."""
-        live = sum(fragment_rows(f, True) for f in self.base.get_fragments())
+        live = sum(fragment_rows(self.base, True).values())
         return live - len(shadow)
 
     def execute(self) -> Iterator[pa.RecordBatch]:
