@@ -140,7 +140,7 @@ class Bm25Exec(RankedExec):
                 positions.append(docs + np.int64(part.first))
                 tfs.append(tf[alive])
                 lengths.append(part.index.doc_len[docs])
-            if positions:
+            if positions and stats.avgdl:  # avgdl 0: no live document holds any term
                 tf = _joined(tfs).astype(np.float64)
                 norm = K1 * (1 - B + B * _joined(lengths) / stats.avgdl)
                 positions_of.append(_joined(positions))
