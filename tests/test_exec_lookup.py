@@ -36,8 +36,8 @@ from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import layout, pk_index
+from memwal_df.read import base_key_map
 from memwal_df.read.cache import GENERATIONS
-from memwal_df.read.exec import take_last
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
 from memwal_df.read.exec.coalesce_first import CoalesceFirstExec
@@ -137,7 +137,7 @@ class Counter:
 
 def scan_the_base(monkeypatch: pytest.MonkeyPatch) -> None:
     """Read base tables through a Lance scan, as for a base too large for a key map."""
-    monkeypatch.setattr(take_last, "MAX_MAPPED_BASE_ROWS", -1)
+    monkeypatch.setattr(base_key_map, "MAX_MAPPED_BASE_ROWS", -1)
 
 
 @pytest.mark.parametrize("base", ["key map", "btree", "scan"])
@@ -280,14 +280,15 @@ def test_base_key_map_matches_scan_and_model(
         ds.create_scalar_index("id", "BTREE")
 
     rng = np.random.default_rng(5)
-    builds: list[int] = []
-    real_build = take_last._KeyMap.build.__func__  # type: ignore[attr-defined]
+    made: list[int] = []
+    real = base_key_map.of_version
 
-    def counted_build(cls: Any, d: lance.LanceDataset, column: str) -> Any:
-        builds.append(d.version)
-        return real_build(cls, d, column)
+    def counted(d: lance.LanceDataset, column: str) -> base_key_map.BaseKeyMap:
+        made.append(d.version)
+        return real(d, column)
 
-    monkeypatch.setattr(take_last._KeyMap, "build", classmethod(counted_build))
+    monkeypatch.setattr(base_key_map, "of_version", counted)
+    builds = base_key_map.STATS.builds
     for step in [None, deleted, upserted, indexed, compacted, upserted]:
         if step is not None:
             step()
@@ -300,26 +301,27 @@ def test_base_key_map_matches_scan_and_model(
             want = {k: model[k] for k in keys if k in model}
             assert _take_base(pinned, keys) == want
             assert _take_base(pinned, keys, pa.int32() if max(map(abs, keys)) < 2**31 else pa.int64()) == want
-        assert builds.count(ds.version) == 1  # one map per pinned dataset, reused by every lookup
+        assert made.count(ds.version) == 1  # one map per pinned dataset, reused by every lookup
         with monkeypatch.context() as m:
             scan_the_base(m)
             scanned = lance.dataset(uri, version=ds.version)
             for keys in key_sets:
                 assert _take_base(scanned, keys) == {k: model[k] for k in keys if k in model}
-        assert builds.count(ds.version) == 1
+        assert made.count(ds.version) == 1
+    assert base_key_map.STATS.builds == builds + 1  # later versions patch the first version's map
 
 
 def test_key_map_only_for_small_integer_keyed_bases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t = make_table(tmp_path / "t", n_base=50)
-    assert take_last._base_key_map(t.dataset, ["id"]) is not None
+    assert base_key_map.base_key_map(t.dataset, ["id"]) is not None
     assert "via key map" in TakeLastExec(t.dataset, id_keys([1]), ["v"], ["id"]).describe()
-    monkeypatch.setattr(take_last, "MAX_MAPPED_BASE_ROWS", 49)
+    monkeypatch.setattr(base_key_map, "MAX_MAPPED_BASE_ROWS", 49)
     again = lance.dataset(t.uri)  # the map belongs to a dataset object: a new one decides again
-    assert take_last._base_key_map(again, ["id"]) is None
+    assert base_key_map.base_key_map(again, ["id"]) is None
     assert "via filtered scan" in TakeLastExec(again, id_keys([1]), ["v"], ["id"]).describe()
     assert _take_base(again, [1, 2, 99]) == {k: {"v": f"b{k}", "x": float(k), "id": k} for k in (1, 2)}
     strings = mw.create_table(str(tmp_path / "s"), pa.table({"k": ["a", "b"], "v": ["x", "y"]}), "k")
-    assert take_last._base_key_map(strings.dataset, ["k"]) is None
+    assert base_key_map.base_key_map(strings.dataset, ["k"]) is None
 
 
 # ------------------------------------------------------------------------------------------------
