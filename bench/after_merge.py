@@ -7,7 +7,8 @@ merge of every flushed generation (the merger job), so the base index falls behi
 each round, one `MemWalTable` and one DataFusion `SessionContext` kept for the whole run time the
 first point lookup (`SELECT * FROM t WHERE id = k`), then `--lookups` more, the first
 `vector_search`, then `--searches` more. Every lookup is checked against the rows written (a model
-of the newest row per key). Nothing is asserted on timings: the script prints one line per round.
+of the newest row per key); "key rows read" is what the base key map read to follow the merge
+(`base_key_map.STATS`). Nothing is asserted on timings: the script prints one line per round.
 
     python bench/after_merge.py --dir /tmp/after-merge [--base-rows 1000000] [--rounds 5]
 """
@@ -25,6 +26,7 @@ import numpy as np
 from _workload import DIM, NUM_REGIONS, make_rows, make_workload
 
 import memwal_df as mw
+from memwal_df.read.base_key_map import STATS
 
 K = 10
 
@@ -95,8 +97,9 @@ def main() -> None:
             raise AssertionError(f"vector_search returned {got.num_rows} rows")
         return took
 
-    print("| round | merge s | lookup first ms | lookup p50 ms | search first ms | search p50 ms |")
-    print("|--:|--:|--:|--:|--:|--:|")
+    columns = ["round", "merge s", "lookup first ms", "lookup p50 ms", "search first ms", "search p50 ms"]
+    print("| " + " | ".join([*columns, "key rows read"]) + " |")
+    print("|--:|--:|--:|--:|--:|--:|--:|")
     lookup(0), search()  # the frozen table, warmed
     for r in range(args.rounds):
         n_upd = args.upserts // 2
@@ -115,15 +118,16 @@ def main() -> None:
         s = time.perf_counter()
         t.merge()
         merge_s = time.perf_counter() - s
-        updated = ids[: n_upd]
+        updated = ids[:n_upd]
         probes = rng.choice(updated, args.lookups + 1, replace=False).tolist()
+        read = STATS.rows_read
         first = lookup(probes[0])
         rest = [lookup(k) for k in probes[1:]]
         first_search = search()
         searches = [search() for _ in range(args.searches)]
         print(
             f"| {r + 1} | {merge_s:.1f} | {ms(first)} | {ms(float(np.median(rest)))} | "
-            f"{ms(first_search)} | {ms(float(np.median(searches)))} |",
+            f"{ms(first_search)} | {ms(float(np.median(searches)))} | {STATS.rows_read - read} |",
             flush=True,
         )
     print(f"base v{lance.dataset(t.uri).version}")

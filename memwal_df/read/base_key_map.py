@@ -119,6 +119,11 @@ class _Rows:
         keys = t.column(column).to_numpy()
         return cls(keys, (address >> np.uint64(32)).astype(np.uint32), (address & _LOW32).astype(np.uint32))
 
+    @classmethod
+    def none(cls, like: _Rows | _Run) -> _Rows:
+        """No rows, of `like`'s types."""
+        return cls(like.keys[:0], like.fragments[:0], like.physical[:0])
+
     def deleted(self, fragment: _Fragment, fragment_id: int) -> np.ndarray:
         """The physical offsets of `fragment` these rows (all of its live rows) leave out."""
         live = np.zeros(fragment.physical_rows, dtype=bool)
@@ -127,15 +132,59 @@ class _Rows:
 
 
 @dataclass(frozen=True)
+class _Run:
+    """Entries sorted by key (each key once), with a live flag per entry."""
+
+    keys: np.ndarray
+    fragments: np.ndarray  # uint32 fragment id per key
+    physical: np.ndarray  # uint32 physical offset per key
+    live: np.ndarray  # bool per key
+
+    @classmethod
+    def of(cls, rows: _Rows) -> _Run:
+        order = np.argsort(rows.keys, kind="stable")
+        live = np.ones(len(order), dtype=bool)
+        return cls(rows.keys[order], rows.fragments[order], rows.physical[order], live)
+
+    def find(self, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bool per probe: a live entry holds it, the entry index of each probe found)."""
+        if len(self.keys) == 0:
+            return np.zeros(len(probe), dtype=bool), np.zeros(0, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.keys, probe), len(self.keys) - 1)
+        found = (self.keys[pos] == probe) & self.live[pos]
+        return found, pos[found]
+
+    def only(self, fragments: np.ndarray) -> _Run:
+        """This run with the entries of fragments where `fragments` (bool by id) is False dead."""
+        inside = np.zeros(len(self.keys), dtype=bool)
+        known = self.fragments < len(fragments)
+        inside[known] = fragments[self.fragments[known]]
+        return _Run(self.keys, self.fragments, self.physical, self.live & inside)
+
+    def without(self, at: np.ndarray) -> _Run:
+        live = self.live.copy()
+        live[at] = False
+        return _Run(self.keys, self.fragments, self.physical, live)
+
+    def live_rows(self) -> _Rows:
+        return _Rows(self.keys[self.live], self.fragments[self.live], self.physical[self.live])
+
+
+_COMPACT_ROWS = 1 << 16  # the newer run is folded into the main run beyond this and 1/4 of it
+
+
+@dataclass(frozen=True)
 class BaseKeyMap:
-    """Every key of one base version, sorted, with its row's fragment and physical offset."""
+    """Every key of one base version with its row's fragment and physical offset, in two sorted
+    runs: the main run (kept from version to version, with a live flag per entry) and a small run
+    of the rows read since (rebuilt by each patch; folded into the main run when it grows beyond
+    1/4 of it). A key is live in at most one of them."""
 
     column: str
     key_type: pa.DataType
     version: int
-    keys: np.ndarray
-    fragments: np.ndarray  # uint32 fragment id per key
-    physical: np.ndarray  # uint32 physical offset per key
+    main: _Run
+    newer: _Run
     layout: dict[int, _Fragment]
 
     @classmethod
@@ -148,9 +197,14 @@ class BaseKeyMap:
         for f in fragments:
             described = _describe(f)
             layout[f.fragment_id] = _with_deleted(described, rows.deleted(described, f.fragment_id))
-        order = np.argsort(rows.keys, kind="stable")
-        keys, fragment_ids, physical = rows.keys[order], rows.fragments[order], rows.physical[order]
-        return cls(column, ds.schema.field(column).type, ds.version, keys, fragment_ids, physical, layout)
+        newer = _Run.of(_Rows.none(rows))
+        return cls(column, ds.schema.field(column).type, ds.version, _Run.of(rows), newer, layout)
+
+    def entries(self) -> _Rows:
+        """Every live entry, sorted by key."""
+        both = _concat(self.main.live_rows(), self.newer.live_rows())
+        order = np.argsort(both.keys, kind="stable")
+        return _Rows(both.keys[order], both.fragments[order], both.physical[order])
 
     def patched(self, ds: lance.LanceDataset) -> BaseKeyMap:
         """The map of `ds`'s version (a later version of the same table), reading only what changed."""
@@ -164,18 +218,21 @@ class BaseKeyMap:
                 fresh.append(fragment)
             else:
                 kept[fid] = _with_deleted(now, before.deleted)
-        keep = self._in(kept)
+        runs = [self.main, self.newer]
+        if set(self.layout) - set(kept):  # fragments gone or rewritten: their entries die
+            runs = [r.only(_flags(kept)) for r in runs]
         new = _Rows.read(ds, self.column, fresh) if fresh else None
-        if new is not None and len(self.keys):
-            pos = np.minimum(np.searchsorted(self.keys, new.keys), len(self.keys) - 1)
-            moved = pos[(self.keys[pos] == new.keys) & keep[pos]]
-            keep[moved] = False
-            for fid in np.unique(self.fragments[moved]).tolist():
-                gone = self.physical[moved[self.fragments[moved] == fid]]
-                kept[fid] = _with_deleted(kept[fid], np.union1d(kept[fid].deleted, gone).astype(np.uint32))
+        if new is not None:
+            for i, run in enumerate(runs):
+                found, at = run.find(new.keys)
+                if len(at):
+                    runs[i] = run.without(at)
+                    _delete(kept, run.fragments[at], run.physical[at])
         recount = [fid for fid, f in kept.items() if len(f.deleted) != f.num_deleted]
         if recount:  # deletions the new rows do not explain: read those fragments again
-            keep &= ~np.isin(self.fragments, recount)
+            flags = _flags(kept)
+            flags[recount] = False
+            runs = [r.only(flags) for r in runs]
             again = _Rows.read(ds, self.column, [current[fid][0] for fid in recount])
             for fid in recount:
                 kept[fid] = _with_deleted(kept[fid], again.deleted(kept[fid], fid))
@@ -184,32 +241,12 @@ class BaseKeyMap:
             assert new is not None
             described = current[f.fragment_id][1]
             kept[f.fragment_id] = _with_deleted(described, new.deleted(described, f.fragment_id))
-        return self._merged(ds.version, keep, new, kept)
-
-    def _in(self, fragments: dict[int, _Fragment]) -> np.ndarray:
-        """Bool per entry: its fragment is one of `fragments`."""
-        if not len(self.fragments):
-            return np.zeros(0, dtype=bool)
-        wanted = np.zeros(int(self.fragments.max()) + 1, dtype=bool)
-        ids = [fid for fid in fragments if fid < len(wanted)]
-        wanted[ids] = True
-        return wanted[self.fragments]
-
-    def _merged(
-        self, version: int, keep: np.ndarray, new: _Rows | None, layout: dict[int, _Fragment]
-    ) -> BaseKeyMap:
-        """This map's entries at `keep` with the `new` rows inserted in key order."""
-        every = bool(keep.all())
-        keys = self.keys if every else self.keys[keep]
-        fragments = self.fragments if every else self.fragments[keep]
-        physical = self.physical if every else self.physical[keep]
-        if new is not None and len(new.keys):
-            order = np.argsort(new.keys, kind="stable")
-            at = np.searchsorted(keys, new.keys[order])
-            keys = np.insert(keys, at, new.keys[order])
-            fragments = np.insert(fragments, at, new.fragments[order])
-            physical = np.insert(physical, at, new.physical[order])
-        return BaseKeyMap(self.column, self.key_type, version, keys, fragments, physical, layout)
+        main, newer = runs
+        if new is not None:
+            newer = _Run.of(_concat(newer.live_rows(), new))
+        if len(newer.keys) > max(_COMPACT_ROWS, len(main.keys) // 4):
+            main, newer = _Run.of(_concat(main.live_rows(), newer.live_rows())), _Run.of(_Rows.none(main))
+        return BaseKeyMap(self.column, self.key_type, ds.version, main, newer, kept)
 
     def take(self, ds: lance.LanceDataset, wanted: pa.ChunkedArray, columns: list[str]) -> pa.Table | None:
         """The rows of the `wanted` keys (NULLs match nothing), `columns` including the key column;
@@ -217,22 +254,40 @@ class BaseKeyMap:
         the caller scans)."""
         if wanted.type != self.key_type:
             return None
-        probe = pc.drop_null(wanted).to_numpy()
-        empty = pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
-        if len(self.keys) == 0 or len(probe) == 0:
-            return empty
-        pos = np.minimum(np.searchsorted(self.keys, probe), len(self.keys) - 1)
-        hits = np.unique(pos[self.keys[pos] == probe])
-        if len(hits) == 0:
-            return empty
+        probe = np.unique(pc.drop_null(wanted).to_numpy())
+        hit_keys, hit_fragments, hit_physical = [], [], []
+        for run in (self.newer, self.main):
+            found, at = run.find(probe)
+            hit_keys.append(run.keys[at])
+            hit_fragments.append(run.fragments[at])
+            hit_physical.append(run.physical[at])
+            probe = probe[~found]
+        keys, fragments, physical = (np.concatenate(a) for a in (hit_keys, hit_fragments, hit_physical))
+        if len(keys) == 0:
+            return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
         parts = []
-        for fid in np.unique(self.fragments[hits]).tolist():
-            physical = self.physical[hits[self.fragments[hits] == fid]]
-            visible = physical - np.searchsorted(self.layout[fid].deleted, physical)
+        for fid in np.unique(fragments).tolist():
+            at = physical[fragments == fid]
+            visible = at - np.searchsorted(self.layout[fid].deleted, at)
             parts.append(fragment_take(ds, fid, np.sort(visible), columns))
         taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
         got = np.sort(taken.column(self.column).to_numpy())
-        return taken if np.array_equal(got, self.keys[hits]) else None
+        return taken if np.array_equal(got, np.sort(keys)) else None
+
+
+def _flags(fragments: dict[int, _Fragment]) -> np.ndarray:
+    """Bool by fragment id: one of `fragments`."""
+    flags = np.zeros(max(fragments, default=-1) + 1, dtype=bool)
+    flags[list(fragments)] = True
+    return flags
+
+
+def _delete(layout: dict[int, _Fragment], fragments: np.ndarray, physical: np.ndarray) -> None:
+    """Add the rows at (`fragments`, `physical`) to their kept fragment's deleted offsets."""
+    for fid in np.unique(fragments).tolist():
+        if fid in layout:
+            gone = physical[fragments == fid]
+            layout[fid] = _with_deleted(layout[fid], np.union1d(layout[fid].deleted, gone).astype(np.uint32))
 
 
 def _with_deleted(fragment: _Fragment, deleted: np.ndarray) -> _Fragment:
