@@ -167,7 +167,19 @@ class _Run:
         return _Run(self.keys, self.fragments, self.physical, live)
 
     def live_rows(self) -> _Rows:
+        if self.live.all():
+            return _Rows(self.keys, self.fragments, self.physical)
         return _Rows(self.keys[self.live], self.fragments[self.live], self.physical[self.live])
+
+    def plus(self, rows: _Rows) -> _Run:
+        """The live entries with `rows` (of keys not live here) inserted in key order: O(entries)."""
+        mine = self.live_rows()
+        order = np.argsort(rows.keys, kind="stable")
+        at = np.searchsorted(mine.keys, rows.keys[order])
+        keys = np.insert(mine.keys, at, rows.keys[order])
+        fragments = np.insert(mine.fragments, at, rows.fragments[order])
+        physical = np.insert(mine.physical, at, rows.physical[order])
+        return _Run(keys, fragments, physical, np.ones(len(keys), dtype=bool))
 
 
 _COMPACT_ROWS = 1 << 16  # the newer run is folded into the main run beyond this and 1/4 of it
@@ -243,9 +255,9 @@ class BaseKeyMap:
             kept[f.fragment_id] = _with_deleted(described, new.deleted(described, f.fragment_id))
         main, newer = runs
         if new is not None:
-            newer = _Run.of(_concat(newer.live_rows(), new))
+            newer = newer.plus(new)
         if len(newer.keys) > max(_COMPACT_ROWS, len(main.keys) // 4):
-            main, newer = _Run.of(_concat(main.live_rows(), newer.live_rows())), _Run.of(_Rows.none(main))
+            main, newer = main.plus(newer.live_rows()), _Run.of(_Rows.none(newer))
         return BaseKeyMap(self.column, self.key_type, ds.version, main, newer, kept)
 
     def take(self, ds: lance.LanceDataset, wanted: pa.ChunkedArray, columns: list[str]) -> pa.Table | None:
