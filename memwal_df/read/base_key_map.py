@@ -1,9 +1,12 @@
 """The base table's key map for point lookups, carried across base versions.
 
-A `BaseKeyMap` holds every key of one base version (a one-column integer key), sorted, with where
-its row is: the fragment and the row's physical offset in it, plus each fragment's deleted physical
-offsets (a row's visible offset, what `LanceFragment.take` takes, is its physical offset minus the
-deleted offsets below it). 16 bytes per row, plus 4 per deleted row.
+A `BaseKeyMap` holds every key of one base version (a one-column integer key) with where its row
+is: the fragment and the row's physical offset in it, plus each fragment's deleted physical offsets
+(a row's visible offset, what `LanceFragment.take` takes, is its physical offset minus the deleted
+offsets below it). 17 bytes per row (key, fragment, offset, live flag), plus 4 per deleted row. The
+entries are two sorted runs: the main run, whose arrays carry over from version to version (only
+its live flags are copied, one byte a row), and the rows read since, merged into it once they
+outnumber a quarter of it.
 
 Built from one scan of the key column the first time a table is looked up in; for every later base
 version it is patched from the newest map of the same table (`of_version`), reading only the
@@ -19,8 +22,8 @@ fragments that are new (or whose data files changed) in that version:
   live row, and equal counts leave no other. Otherwise (plain deletes, a restore) that fragment's
   keys are read again.
 
-A patch reads the new fragments' keys and does O(rows) array copies; a full build reads every key.
-`STATS` counts both, and the key rows read.
+A patch reads the new fragments' keys, searches them in both runs and copies the live flags and
+the newer run; a full build reads every key. `STATS` counts both, and the key rows read.
 
 Guarantees: the map of a version lists exactly that version's live rows; a map is never changed once
 made (readers holding an older version keep theirs); `take` verifies the rows it takes carry the keys
@@ -298,8 +301,9 @@ def _delete(layout: dict[int, _Fragment], fragments: np.ndarray, physical: np.nd
     """Add the rows at (`fragments`, `physical`) to their kept fragment's deleted offsets."""
     for fid in np.unique(fragments).tolist():
         if fid in layout:
-            gone = physical[fragments == fid]
-            layout[fid] = _with_deleted(layout[fid], np.union1d(layout[fid].deleted, gone).astype(np.uint32))
+            gone = np.unique(physical[fragments == fid])  # live rows: none of them deleted already
+            deleted = layout[fid].deleted
+            layout[fid] = _with_deleted(layout[fid], np.insert(deleted, np.searchsorted(deleted, gone), gone))
 
 
 def _with_deleted(fragment: _Fragment, deleted: np.ndarray) -> _Fragment:
