@@ -12,14 +12,13 @@ Lance's distances.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 
-from memwal_df.read.cache import ImmutableCache
 from memwal_df.read.exec.knn import KnnExec
 from memwal_df.read.exec.ranked import POSITION
 from memwal_df.read.levels import GenerationLevel, Level
@@ -39,9 +38,8 @@ __all__ = ["BruteForceKnnExec"]
 
 @dataclass(frozen=True)
 class _Candidates:
-    """Every searched level's vectors, the scores of all their rows (one segment for quantized
-    generations, else one per level), where each level's positions start, and the number of
-    candidates."""
+    """Every searched level's vectors, the scores of its rows (one segment per level), where each
+    level's positions start, and the number of candidates."""
 
     vectors: list[LevelVectors]
     segments: list[tuple[int, F32Scores | Sq8Scores]]  # (first position, scores of its rows)
@@ -50,9 +48,6 @@ class _Candidates:
 
     def level_of(self, positions: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.offsets, positions, side="right") - 1
-
-
-_QUANTIZED_SETS = ImmutableCache(capacity=16)  # int8 matrices of sets of generations, by their identity
 
 
 class BruteForceKnnExec(KnnExec):
@@ -78,29 +73,21 @@ class BruteForceKnnExec(KnnExec):
         name = f"vectors:{self.column}:{','.join(self.primary_key)}"
         return level.memo(name, lambda: LevelVectors.of_level(level, self.column, self.primary_key))
 
-    def _quantized(self, vectors: list[LevelVectors]) -> tuple[Quantized, np.ndarray] | None:
-        """For an l2 search of generations only: their vectors as one int8 matrix and which of its
-        rows are not candidates (before the filter), kept per set of generations and newer
-        generations (generations never change); None otherwise (a MemTable's rows change with every
-        query)."""
-        generations = [sl.level for sl in self.levels if isinstance(sl.level, GenerationLevel)]
-        if self.metric != "l2" or len(generations) != len(self.levels):
+    def _quantized(self, vectors: list[LevelVectors]) -> list[Quantized | None] | None:
+        """For an l2 search of generations only: each generation's vectors as an int8 matrix with its
+        own scale (None for a generation without rows), kept per generation (generations never
+        change, so a set of them that grows by one quantizes only the new one); None otherwise (a
+        MemTable's rows change with every query), or when a generation's vectors cannot be quantized."""
+        if self.metric != "l2" or not all(isinstance(sl.level, GenerationLevel) for sl in self.levels):
             return None
-        identity = "\n".join(
-            f"{level.uri}|{','.join(lv.uri for lv in sl.newer_generations)}"
-            for level, sl in zip(generations, self.levels, strict=True)
-        )
-        name = f"{self.column}:{','.join(self.primary_key)}"
-
-        def build() -> tuple[Quantized, np.ndarray] | None:
-            quantized = Quantized.of([v.matrix for v in vectors])
-            if quantized is None:
+        name = f"sq8:{self.column}:{','.join(self.primary_key)}"
+        out: list[Quantized | None] = []
+        for sl, v in zip(self.levels, vectors, strict=True):
+            quantized = sl.level.memo(name, partial(Quantized.of, [v.matrix])) if len(v.matrix) else None
+            if quantized is None and len(v.matrix):
                 return None
-            excluded = [sl.excluded(v, self.column) for sl, v in zip(self.levels, vectors, strict=True)]
-            return quantized, np.concatenate(excluded)
-
-        digest = hashlib.sha256(identity.encode()).hexdigest()
-        return _QUANTIZED_SETS.get(digest, name, build)
+            out.append(quantized)
+        return out
 
     def _excluded(self, excluded: np.ndarray) -> np.ndarray:
         """`excluded`, plus every row that does not match the filter."""
@@ -114,13 +101,15 @@ class BruteForceKnnExec(KnnExec):
             vectors = [self._vectors(sl.level) for sl in self.levels]
             offsets = np.cumsum([0] + [len(v.matrix) for v in vectors])
             segments: list[tuple[int, F32Scores | Sq8Scores]] = []
+            pairs = zip(self.levels, vectors, strict=True)
+            excluded = self._excluded(np.concatenate([sl.excluded(v, self.column) for sl, v in pairs]))
             quantized = self._quantized(vectors)
             if quantized is not None:
-                excluded = self._excluded(quantized[1])
-                segments.append((0, quantized[0].scores(self.query, excluded)))  # all levels as one
+                for i, q in enumerate(quantized):
+                    if q is not None:
+                        mine = excluded[offsets[i] : offsets[i + 1]]
+                        segments.append((int(offsets[i]), q.scores(self.query, mine)))
             else:
-                pairs = zip(self.levels, vectors, strict=True)
-                excluded = self._excluded(np.concatenate([sl.excluded(v, self.column) for sl, v in pairs]))
                 for i, v in enumerate(vectors):
                     approx = np.empty(len(v.matrix), np.float32)
                     bound = v.approximate(self.query, self.metric, approx)
