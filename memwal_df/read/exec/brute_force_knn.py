@@ -12,6 +12,7 @@ Lance's distances.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -19,6 +20,7 @@ from functools import partial
 import numpy as np
 import pyarrow as pa
 
+from memwal_df.read.cache import ImmutableCache
 from memwal_df.read.exec.knn import KnnExec
 from memwal_df.read.exec.ranked import POSITION
 from memwal_df.read.levels import GenerationLevel, Level
@@ -38,8 +40,9 @@ __all__ = ["BruteForceKnnExec"]
 
 @dataclass(frozen=True)
 class _Candidates:
-    """Every searched level's vectors, the scores of its rows (one segment per level), where each
-    level's positions start, and the number of candidates."""
+    """Every searched level's vectors, the scores of all their rows (one segment for quantized
+    generations, else one per level), where each level's positions start, and the number of
+    candidates."""
 
     vectors: list[LevelVectors]
     segments: list[tuple[int, F32Scores | Sq8Scores]]  # (first position, scores of its rows)
@@ -48,6 +51,13 @@ class _Candidates:
 
     def level_of(self, positions: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.offsets, positions, side="right") - 1
+
+
+_QUANTIZED_SETS = ImmutableCache(capacity=16)  # int8 matrices of sets of generations, by their identity
+
+
+def _codes_bytes(quantized: Quantized) -> int:
+    return int(quantized.codes.nbytes)
 
 
 class BruteForceKnnExec(KnnExec):
@@ -73,21 +83,53 @@ class BruteForceKnnExec(KnnExec):
         name = f"vectors:{self.column}:{','.join(self.primary_key)}"
         return level.memo(name, lambda: LevelVectors.of_level(level, self.column, self.primary_key))
 
-    def _quantized(self, vectors: list[LevelVectors]) -> list[Quantized | None] | None:
-        """For an l2 search of generations only: each generation's vectors as an int8 matrix with its
-        own scale (None for a generation without rows), kept per generation (generations never
-        change, so a set of them that grows by one quantizes only the new one); None otherwise (a
-        MemTable's rows change with every query), or when a generation's vectors cannot be quantized."""
-        if self.metric != "l2" or not all(isinstance(sl.level, GenerationLevel) for sl in self.levels):
+    def _quantized(self, vectors: list[LevelVectors]) -> tuple[Quantized, np.ndarray] | None:
+        """For an l2 search of generations only: their vectors as one int8 matrix and which of its
+        rows are not candidates (before the filter), kept per set of generations and newer
+        generations (generations never change); None otherwise (a MemTable's rows change with every
+        query)."""
+        generations = [sl.level for sl in self.levels if isinstance(sl.level, GenerationLevel)]
+        if self.metric != "l2" or len(generations) != len(self.levels):
             return None
-        name = f"sq8:{self.column}:{','.join(self.primary_key)}"
-        out: list[Quantized | None] = []
-        for sl, v in zip(self.levels, vectors, strict=True):
-            quantized = sl.level.memo(name, partial(Quantized.of, [v.matrix])) if len(v.matrix) else None
-            if quantized is None and len(v.matrix):
+        identity = "\n".join(
+            f"{level.uri}|{','.join(lv.uri for lv in sl.newer_generations)}"
+            for level, sl in zip(generations, self.levels, strict=True)
+        )
+        name = f"{self.column}:{','.join(self.primary_key)}"
+
+        def build() -> tuple[Quantized, np.ndarray] | None:
+            quantized = self._joined(generations, vectors)
+            if quantized is None:
                 return None
-            out.append(quantized)
-        return out
+            excluded = [sl.excluded(v, self.column) for sl, v in zip(self.levels, vectors, strict=True)]
+            return quantized, np.concatenate(excluded)
+
+        digest = hashlib.sha256(identity.encode()).hexdigest()
+        return _QUANTIZED_SETS.get(digest, name, build)
+
+    def _joined(self, generations: list[GenerationLevel], vectors: list[LevelVectors]) -> Quantized | None:
+        """The generations' int8 codes as one matrix, at the largest of their grid scales. Each
+        generation's grid scale, and its codes at a scale, are kept with it (`GENERATIONS`, the codes'
+        bytes declared), so a set that grows by one generation quantizes only that one (all of them
+        again only when the new one needs a larger scale); None when a generation's vectors cannot be
+        quantized."""
+        scales = [
+            level.cached(f"sq8 grid scale:{self.column}", partial(Quantized.grid_scale, v.matrix))
+            if len(v.matrix)
+            else 0.0
+            for level, v in zip(generations, vectors, strict=True)
+        ]
+        if not vectors or any(s is None for s in scales):
+            return None
+        scale = max(s for s in scales if s is not None)
+        if scale == 0.0:
+            return None  # no rows
+        name = f"sq8:{self.column}:{','.join(self.primary_key)}:{scale!r}"
+        parts = [
+            level.cached(name, partial(Quantized.at_scale, [v.matrix], scale), _codes_bytes)
+            for level, v in zip(generations, vectors, strict=True)
+        ]
+        return Quantized.joined(parts)
 
     def _excluded(self, excluded: np.ndarray) -> np.ndarray:
         """`excluded`, plus every row that does not match the filter."""
@@ -101,15 +143,13 @@ class BruteForceKnnExec(KnnExec):
             vectors = [self._vectors(sl.level) for sl in self.levels]
             offsets = np.cumsum([0] + [len(v.matrix) for v in vectors])
             segments: list[tuple[int, F32Scores | Sq8Scores]] = []
-            pairs = zip(self.levels, vectors, strict=True)
-            excluded = self._excluded(np.concatenate([sl.excluded(v, self.column) for sl, v in pairs]))
             quantized = self._quantized(vectors)
             if quantized is not None:
-                for i, q in enumerate(quantized):
-                    if q is not None:
-                        mine = excluded[offsets[i] : offsets[i + 1]]
-                        segments.append((int(offsets[i]), q.scores(self.query, mine)))
+                excluded = self._excluded(quantized[1])
+                segments.append((0, quantized[0].scores(self.query, excluded)))  # all levels as one
             else:
+                pairs = zip(self.levels, vectors, strict=True)
+                excluded = self._excluded(np.concatenate([sl.excluded(v, self.column) for sl, v in pairs]))
                 for i, v in enumerate(vectors):
                     approx = np.empty(len(v.matrix), np.float32)
                     bound = v.approximate(self.query, self.metric, approx)
