@@ -103,7 +103,7 @@ def test_a_flush_patches_the_view_a_merge_trims_it(tmp_path):
 
 def test_a_base_too_large_to_index_is_anti_joined_by_key(tmp_path, monkeypatch):
     """Both base plans (row mask from the key index, anti-join by key) return the model's rows."""
-    from memwal_df.read import scan_planner
+    from memwal_df.read import base_keys
 
     uri = str(tmp_path / "t")
     base = pa.table({"id": pa.array(np.arange(300), pa.int64()), "v": pa.array(np.zeros(300))})
@@ -122,8 +122,8 @@ def test_a_base_too_large_to_index_is_anti_joined_by_key(tmp_path, monkeypatch):
             model.pop(k)
         writer.put(pa.table({"id": pa.array([9], pa.int64()), "v": pa.array([9.0])}))
         model[9] = 9.0
-        for limit in (scan_planner.MAX_INDEXED_BASE_ROWS, 0):
-            monkeypatch.setattr(scan_planner, "MAX_INDEXED_BASE_ROWS", limit)
+        for limit in (base_keys.MAX_INDEXED_BASE_ROWS, 0):
+            monkeypatch.setattr(base_keys, "MAX_INDEXED_BASE_ROWS", limit)
             for reader in (mw.MemWalTable(uri, writer=writer),):
                 got = reader.to_table().sort_by("id")
                 assert (

@@ -40,15 +40,20 @@ from memwal_df.read.keys import key_array
 
 __all__ = [
     "BASE_KEYS",
+    "MAX_INDEXED_BASE_ROWS",
     "ShadowSet",
     "BaseKeyIndex",
     "BaseShadow",
     "base_key_index",
     "fragment_signature",
     "fragment_signatures",
+    "indexable",
 ]
 
 _ADDR = "_rowaddr"
+MAX_INDEXED_BASE_ROWS = 16_000_000
+"""A larger base gets no key index (16 bytes a row in memory): its scans drop the keys newer levels
+hold by comparing keys, its lookups scan with a key filter."""
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
 _MEMO_ENTRIES = 256  # located keys and shadows kept per index (per view, per set of views)
 _MAX_RUNS = 8  # more runs than this: every run but the largest is merged into one
@@ -73,6 +78,11 @@ def fragment_signature(fragment: Any) -> FragmentSignature:
     return FragmentSignature(data, deletion, int(m.physical_rows), int(m.num_deletions or 0))
 
 
+def indexable(ds: lance.LanceDataset) -> bool:
+    """Whether the base version `ds` is small enough to get a key index (`MAX_INDEXED_BASE_ROWS`)."""
+    return sum(s.physical_rows for s in fragment_signatures(ds).values()) <= MAX_INDEXED_BASE_ROWS
+
+
 def fragment_signatures(ds: lance.LanceDataset) -> dict[int, FragmentSignature]:
     """Every fragment's signature, in fragment id order; read once per dataset object and version (a
     commit through the object moves the object itself to a new version)."""
@@ -95,6 +105,7 @@ def _read_keys(
     t = ds.scanner(columns=list(primary_key), with_row_address=True, fragments=fragments).to_table()
     keys = key_array([t.column(c) for c in primary_key])
     addrs = t.column(_ADDR).to_numpy().astype(np.uint64, copy=False)
+    BASE_KEYS.rows_read += len(addrs)
     return keys, addrs
 
 
@@ -309,7 +320,8 @@ class BaseKeyIndex:
         found = np.concatenate([r.find(keys) for r in self.runs])
         if self.deleted and len(found):
             found = found[~self._dead_rows().probe(found)]
-        return np.sort(found)  # distinct: a key has one live row, found in one run
+        found = np.sort(found)  # a key has one live row, in one run; a key asked twice is found twice
+        return found[np.r_[True, found[1:] != found[:-1]]] if len(found) > 1 else found
 
     def take(
         self, ds: lance.LanceDataset, storage: Storage | None, keys: pa.Array, columns: Sequence[str]
@@ -462,6 +474,7 @@ class _IndexCache:
         self._per_table = per_table
         self.builds = 0  # indexes read whole
         self.advances = 0  # indexes patched from an earlier version
+        self.rows_read = 0  # key rows read from the base, by builds and patches
 
     def get(self, uri: str) -> list[BaseKeyIndex]:
         with self._lock:
@@ -485,11 +498,11 @@ def base_key_index(
     ds: lance.LanceDataset,
     storage: Storage | None,
     primary_key: Sequence[str],
-    key_type: pa.DataType,
 ) -> BaseKeyIndex:
     """The key index of `ds` (the base table at `uri`, at its version): kept (same version, same
     fragments: a table created again at the same path is another table), else patched from the newest
-    kept one, else read whole."""
+    kept one, else read whole. Keys are compared as `key_array` makes them: the key column's type,
+    or the tuple encoding (binary) of a composite key."""
     found = BASE_KEYS.get(uri)
     signatures = fragment_signatures(ds)
     for index in found:
@@ -499,6 +512,7 @@ def base_key_index(
         index = found[0].advance(ds, storage, primary_key, signatures)
         BASE_KEYS.advances += 1
     else:
+        key_type = ds.schema.field(primary_key[0]).type if len(primary_key) == 1 else pa.binary()
         index = BaseKeyIndex.build(ds, storage, primary_key, key_type)
         BASE_KEYS.builds += 1
     BASE_KEYS.keep(uri, index)

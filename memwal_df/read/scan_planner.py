@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from memwal_df.format.regions.spec import RegionSpec
+from memwal_df.read.base_keys import indexable
 from memwal_df.read.catchup import Coverage, index_coverage
 from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.base import ExecNode
@@ -41,10 +42,6 @@ from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
 from memwal_df.read.spans import BaseSpan, base_spans
 
 MakeNode = Callable[[Sequence[str]], ExecNode]
-
-MAX_INDEXED_BASE_ROWS = 16_000_000
-"""A larger base is not given a key index (16 bytes a row in memory): its scans drop the keys newer
-levels hold by comparing keys (`AntiJoinScanExec`) instead of row addresses."""
 
 MIN_SPAN_ROWS = 65_536
 """Base partitions are not cut smaller: every Lance scan has a fixed cost to start."""
@@ -169,7 +166,7 @@ def _plan_view_scan(
         out.append(Partition(label, lambda cols: UnionExec([region_scan(r, cols) for r in state.regions])))
     elif state.regions:
         out += [Partition(f"region {r.region_id}", _region_partition(region_scan, r)) for r in state.regions]
-    indexed = sum(fragment_rows(snapshot.base, False).values()) <= MAX_INDEXED_BASE_ROWS
+    indexed = indexable(snapshot.base)  # else the keys newer levels hold are dropped by comparing keys
     live = indexed and filter is None  # Lance applies offset and limit after a filter: `_rowaddr` then
     fragments = list(fragment_rows(snapshot.base, live).items())
     pk = snapshot.schema.primary_key

@@ -110,7 +110,7 @@ class ScanState:
 
     def base_index(self) -> BaseKeyIndex:
         s = self.snapshot
-        return base_key_index(self.table, s.base, s.storage, self.shape.primary_key, self.shape.key_type)
+        return base_key_index(self.table, s.base, s.storage, self.shape.primary_key)
 
     def shadow(self) -> ShadowSet:
         """The base rows the scanned regions shadow, in disjoint parts: each region view's (kept with the
