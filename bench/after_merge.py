@@ -8,7 +8,8 @@ each round, one `MemWalTable` and one DataFusion `SessionContext` kept for the w
 first point lookup (`SELECT * FROM t WHERE id = k`), then `--lookups` more, the first
 `vector_search`, then `--searches` more. Every lookup is checked against the rows written (a model
 of the newest row per key); "key rows read" is what the base key index read to follow the merge
-(`memwal_df.read.base_keys.BASE_KEYS.rows_read`). Nothing is asserted on timings: the script prints one line per round.
+(`memwal_df.read.base_keys.BASE_KEYS.rows_read`). Nothing is asserted on timings: the script prints
+one line per round.
 
     python bench/after_merge.py --dir /tmp/after-merge [--base-rows 1000000] [--rounds 5]
 """
