@@ -1,5 +1,5 @@
 """Pieces shared by the benchmarks in bench/: the reference workload of docs/performance.md, Lance-native
-shard snapshots of a memwal_df table, and run metadata.
+shard snapshots of a memwal_df table, timing in rounds, and run metadata.
 
 Workload: `id` int64 primary key, `category` string (16 values), `value` float64 in [0, 1), `text` of
 5-15 words from a 3,000-word vocabulary, `vec` float32 x 64. Upserts are half updates of random base
@@ -9,8 +9,11 @@ give the same rows.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +121,27 @@ def native_snapshots(t: mw.Table) -> list[ShardSnapshot]:
                 snap = snap.with_sstable(s.generation, s.path)
         out.append(snap)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------------
+
+
+def time_rounds(fns: Sequence[Callable[[], int]], repeat: int) -> list[tuple[list[float], int]]:
+    """`repeat` rounds, each calling every fn once (the order reversed every other round), so that a
+    drift in machine load hits every engine alike. Per fn: its samples (s) and the row count it returned
+    last (each fn returns a row count)."""
+    samples: list[list[float]] = [[] for _ in fns]
+    rows = [0] * len(fns)
+    for rnd in range(repeat):
+        order = list(range(len(fns)))
+        for i in order if rnd % 2 == 0 else order[::-1]:
+            gc.collect()
+            t0 = time.perf_counter()
+            rows[i] = fns[i]()
+            samples[i].append(time.perf_counter() - t0)
+    return list(zip(samples, rows, strict=True))
 
 
 # --------------------------------------------------------------------------------------------------

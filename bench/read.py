@@ -38,10 +38,17 @@ Nothing is asserted: the script prints a Markdown table and the targets of docs/
     python bench/read.py --json bench/results/read-full.json
     python bench/read.py --profile bench/results/read   # only cProfile to_table() scan and count
     python bench/read.py --lookups-only --lookups 400   # skip the scans
+    python bench/read.py --narrow [--small]     # the narrow-schema workload against plain Lance (below)
 
 `--profile` profiles `MemWalTable.to_table()` on the main thread (the operators DataFusion runs, minus
 DataFusion): DataFusion calls into Python from its own worker threads, which cProfile does not see;
 sample the SQL path with `py-spy record --native` instead.
+
+`--narrow` runs another workload instead (`bench/_narrow.py`): a narrow table (id, category, value) of
+1M base rows (`--small`: 100k) with 20% upserts in ~40 unmerged generations, nine SQL shapes against
+the same rows as a plain Lance table through Lance's DataFusion provider, before and after a merge.
+It honours `--rows`, `--upserts`, `--batch`, `--memtable-rows`, `--repeat`, `--dir`, `--keep` and
+`--json`, and exits non-zero when an answer differs from plain Lance's.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+from _narrow import run as run_narrow
 from _workload import (
     NUM_REGIONS,
     git_state,
@@ -76,6 +84,7 @@ from _workload import (
     scale_note,
     scratch_root,
     targets_markdown,
+    time_rounds,
 )
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
@@ -191,22 +200,6 @@ class Results:
 # --------------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------------
-
-
-def time_rounds(fns: Sequence[Callable[[], int]], repeat: int) -> list[tuple[list[float], int]]:
-    """`repeat` rounds, each calling every fn once (the order reversed every other round), so that a
-    drift in machine load hits every engine alike. Per fn: its samples (s) and the row count it returned
-    last (each fn returns a row count)."""
-    samples: list[list[float]] = [[] for _ in fns]
-    rows = [0] * len(fns)
-    for rnd in range(repeat):
-        order = list(range(len(fns)))
-        for i in order if rnd % 2 == 0 else order[::-1]:
-            gc.collect()
-            t0 = time.perf_counter()
-            rows[i] = fns[i]()
-            samples[i].append(time.perf_counter() - t0)
-    return list(zip(samples, rows, strict=True))
 
 
 def time_lookups(
@@ -539,7 +532,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--profile", help="only profile to_table() scan and count; .prof files get this prefix")
     p.add_argument("--lookups-only", action="store_true", help="skip the scans and count(*)")
+    p.add_argument("--narrow", action="store_true", help="the narrow-schema workload against plain Lance")
     args = p.parse_args(argv)
+    if args.narrow:
+        return run_narrow(args)
 
     base_rows = args.rows or (50_000 if args.small else 1_000_000)
     upserts = args.upserts or (20_000 if args.small else 200_000)

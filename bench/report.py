@@ -1,4 +1,5 @@
-"""The benchmark report: runs bench/write.py, read.py, search.py and merge.py in one go (quick sizes
+"""The benchmark report: runs bench/write.py, read.py (and its narrow-schema workload, `read.py
+--narrow`), search.py, merge.py and churn.py in one go (quick sizes
 by default, the reference workload of docs/performance.md with `--full`), each with `--json`, then writes
 bench/results/report.md and PNG charts from those JSON files (matplotlib, Agg backend).
 
@@ -31,10 +32,20 @@ RESULTS = BENCH / "results"
 QUICK = {
     "write": ["--small"],
     "read": ["--small", "--repeat", "3", "--lookups", "100"],
+    "narrow": ["--small", "--repeat", "3"],
     "search": ["--small"],
     "merge": ["--small"],
+    "churn": ["--small"],
 }
 FULL: dict[str, list[str]] = {name: [] for name in QUICK}
+SCRIPT = {"narrow": "read"}  # benchmark -> the script that runs it (default: bench/<benchmark>.py)
+WORKLOAD = {"narrow": ["--narrow"]}  # benchmark -> the arguments that select its workload
+
+
+def command(name: str, full: bool) -> list[str]:
+    """The script and arguments of benchmark `name` (without `--json`)."""
+    script = BENCH / f"{SCRIPT.get(name, name)}.py"
+    return [str(script), *WORKLOAD.get(name, []), *(FULL if full else QUICK)[name]]
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -45,8 +56,7 @@ def run_benches(names: Sequence[str], full: bool, out: Path) -> dict[str, dict[s
     runs = {}
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for name in names:
-        cmd = [sys.executable, str(BENCH / f"{name}.py"), *(FULL if full else QUICK)[name]]
-        cmd += ["--json", str(out / f"{name}.json")]
+        cmd = [sys.executable, *command(name, full), "--json", str(out / f"{name}.json")]
         print(f"\n## {' '.join(Path(c).name if c.endswith('.py') else c for c in cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         code = subprocess.run(cmd, env=env, cwd=BENCH.parent).returncode
@@ -143,6 +153,52 @@ def read_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     return lines, chart
 
 
+NARROW_ENGINES = {  # engine in the JSON -> its name in the report
+    "memwal_df SQL": "memwal_df SQL",
+    "plain Lance via DataFusion": "plain Lance",
+    "Lance via DataFusion over the merged base": "Lance over the merged base",
+}
+
+
+def narrow_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """Per SQL shape: memwal_df SQL and plain Lance (ms, median) and their ratio, unmerged and merged,
+    and Lance over the merged base; the targets."""
+    by = {(r["phase"], r["shape"], NARROW_ENGINES[r["engine"]]): r["median_s"] * 1e3 for r in data["results"]}
+    shapes = list(dict.fromkeys(r["shape"] for r in data["results"]))
+    columns = [
+        (p, e) for p in ("unmerged", "merged") for e in NARROW_ENGINES.values() if (p, shapes[0], e) in by
+    ]
+    rows = []
+    for shape in shapes:
+        cells = []
+        for phase in ("unmerged", "merged"):
+            ours, plain = by.get((phase, shape, "memwal_df SQL")), by.get((phase, shape, "plain Lance"))
+            cells += (
+                [f"{ours:,.1f}", f"{plain:,.1f}", f"{ours / plain:.2f}x"] if ours and plain else ["-"] * 3
+            )
+        base = by.get(("merged", shape, "Lance over the merged base"))
+        rows.append([shape, *cells, "-" if base is None else f"{base:,.1f}"])
+    gens = data["config"]["generations"]
+    lines = [f"### SQL shapes, {gens} unmerged generations, then merged (ms, median of the rounds)", ""]
+    lines += [
+        "Plain Lance here holds the same rows as the table (deduplicated), queried through Lance's "
+        "DataFusion provider (`lance.FFILanceTableProvider`) in the same SessionContext; after the "
+        "merge the base holds them too, in the layout merges leave (many fragments, deletion files).",
+        "",
+    ]
+    heads = [
+        f"{who}, {phase}"
+        for phase in ("unmerged", "merged")
+        for who in ("memwal_df SQL", "plain Lance", "ratio")
+    ]
+    lines += _md_table(["SQL shape", *heads, "Lance over the merged base"], rows)
+    lines += _targets(data)
+    for m in data.get("mismatches", []):
+        lines.append(f"\nWARNING: memwal_df's answer differs from plain Lance's: {m}")
+    series = {f"{e}, {p}": [by.get((p, s, e), 0.0) for s in shapes] for p, e in columns}
+    return lines, {"groups": shapes, "series": series}
+
+
 def search_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     lines = ["### Vector search (k = 10)", ""]
     vec = data["vector_search"]
@@ -206,6 +262,21 @@ def merge_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     return lines, {m["engine"]: m["rows"] / m["seconds"] for m in merges}
 
 
+def churn_section(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The churn run's own per-kind table, what was written meanwhile and every wrong answer."""
+    recall = "-" if data["recall"] is None else f"{data['recall']:.3f}"
+    lines = [
+        f"{data['rows_written']:,} rows written in {data['writes']:,} writes during the run, "
+        f"{len(data['base_commits']) - 1} base commits; exact-check recall@10 {recall}; "
+        f"{len(data['failures'])} wrong or failed answers.",
+        "",
+        data["table"],
+    ]
+    if data["failures"]:
+        lines += ["", "Wrong or failed answers:", ""] + [f"- {f}" for f in data["failures"][:20]]
+    return lines, {}
+
+
 # -------------------------------------------------------------------------------------------- charts
 
 
@@ -253,6 +324,9 @@ def charts(charts_data: dict[str, Any], out: Path) -> list[str]:
         grouped(
             "read.png", "Scans and point lookups (lower is better)", charts_data["read"], "ms (log)", True
         )
+    if "narrow" in charts_data:
+        title = "Narrow table: SQL shapes against plain Lance (lower is better)"
+        grouped("narrow.png", title, charts_data["narrow"], "ms (log)", True)
     for kind, values in charts_data.get("search", {}).items():
         horizontal(f"search-{kind.split()[0]}.png", f"{kind}: p50 latency (lower is better)", values, "ms")
     if "merge" in charts_data:
@@ -265,14 +339,18 @@ def charts(charts_data: dict[str, Any], out: Path) -> list[str]:
 SECTIONS = {
     "write": ("Write path (bench/write.py)", write_section),
     "read": ("Read path (bench/read.py)", read_section),
+    "narrow": ("Narrow table against plain Lance (bench/read.py --narrow)", narrow_section),
     "search": ("Search (bench/search.py)", search_section),
     "merge": ("Merge and background jobs (bench/merge.py)", merge_section),
+    "churn": ("Reads under churn (bench/churn.py)", churn_section),
 }
 CHART_OF = {
     "write": ["write.png"],
     "read": ["read.png"],
+    "narrow": ["narrow.png"],
     "search": ["search-vector.png", "search-full-text.png"],
     "merge": ["merge.png"],
+    "churn": [],
 }
 
 
@@ -301,7 +379,7 @@ def render(
         body, chart_data[name] = section(results[name])
         lines += ["", f"## {title}", ""]
         if name in runs:
-            cmd = " ".join([f"bench/{name}.py", *runs[name]["args"]])
+            cmd = " ".join([f"bench/{SCRIPT.get(name, name)}.py", *runs[name]["args"]])
             lines += [
                 f"`python {cmd}` ({runs[name]['seconds']:.0f} s, exit code {runs[name]['exit_code']})",
                 "",

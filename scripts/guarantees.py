@@ -104,7 +104,16 @@ GUARANTEES = {
         "manifest read before is reused only while it is provably the latest, also when GC deletes it "
         "and its successor during the check. The writer state machine (`tests/test_state_machine.py`) "
         "also keeps one registered reader across random writes, crashes, recoveries and job rounds and "
-        "compares it after every step with a table opened afresh."
+        "compares it after every step with a table opened afresh. Read state carried across "
+        "versions is exact: one context with the durable table and the writer's table registered "
+        "once answers every query shape (counts, scans with and without the key, filters, key ranges, "
+        "top-k, GROUP BY, LIMIT, point lookups, fts against a reference BM25, vector_search against "
+        "brute force) like a dict model after every step of random histories of writes, flushes, "
+        "merges, index builds and catch-ups, Lance compactions of the base, version cleanups, GC and "
+        "writer reopens, with and without base indexes, and at each lifecycle edge a cache could get "
+        "wrong (a query planned before a merge and run after it, a generation collected between two "
+        "queries, a region created after registration, the base version of an earlier query cleaned "
+        "up, a key in two generations of which one is merged, a delete of a key only the base holds)."
     ),
 }
 
@@ -119,6 +128,7 @@ PROOF = {
     "test_load.py": "4 writer processes + job process + reader",
     "test_region_integrity.py": "key-column region specs, phantom region ids, all-or-nothing create",
     "test_reader_freshness.py": "a registered reader across job rounds with cleanup and GC",
+    "test_read_state.py": "every SQL shape and both searches vs a dict model across random histories",
 }
 
 

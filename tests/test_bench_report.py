@@ -1,9 +1,9 @@
-"""bench/report.py renders the benchmarks' own JSON: tiny real runs of bench/write.py, read.py and
-merge.py, then the report's figures checked against figures recomputed here from that JSON."""
+"""bench/report.py renders the benchmarks' own JSON: tiny real runs of bench/write.py, read.py (and its
+narrow-schema workload) and merge.py, then the report's figures checked against figures recomputed here
+from that JSON; and the narrow workload's answer check catches wrong answers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -12,28 +12,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
+from support.benches import load_report
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {
     "write": ["--base", "400", "--rows", "400", "--batch", "100", "--latency-puts", "3", "--lag-puts", "2"],
     "read": ["--rows", "2000", "--upserts", "1000", "--batch", "100", "--lookups", "4", "--repeat", "1"],
+    "narrow": ["--rows", "2000", "--upserts", "400", "--batch", "100", "--repeat", "1"],
     "merge": ["--base", "2000", "--rows", "1000", "--regions", "2", "--gens", "2"]
     + ["--job-regions", "2", "--job-gens", "4"],
 }
 
 
-def load_report():
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_bench(name: str, args: list[str]) -> subprocess.CompletedProcess:
-    """bench/<name>.py with `args`, as `make bench` runs it; fails the test on a non-zero exit."""
+    """Benchmark `name` with `args` (its script and workload as bench/report.py runs them), as `make
+    bench` runs it; fails the test on a non-zero exit."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
+    report = load_report()
+    script = ROOT / "bench" / f"{report.SCRIPT.get(name, name)}.py"
+    cmd = [sys.executable, str(script), *report.WORKLOAD.get(name, []), *args]
     run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     return run
@@ -74,6 +74,21 @@ def test_report_figures_come_from_the_json(results):
     for m in merge["merge"]:
         speed = f"{peer['seconds'] / m['seconds']:.2f}x"
         assert re.search(rf"\| {re.escape(m['engine'])} \| {m['rows']:,} \|.*\| {speed} \| yes \|", report)
+    narrow = json.loads((results / "narrow.json").read_text())
+    assert narrow["mismatches"] == [] and narrow["config"]["generations"] >= 8
+    by = {(r["phase"], r["shape"], r["engine"]): r["median_s"] * 1e3 for r in narrow["results"]}
+    for (phase, shape, engine), ours in by.items():
+        if engine == "memwal_df SQL":
+            plain = by[(phase, shape, "plain Lance via DataFusion")]
+            assert f"| {ours:,.1f} | {plain:,.1f} | {ours / plain:.2f}x |" in report
+    assert len({shape for _, shape, _ in by}) == 9
+    assert {(phase, engine) for phase, _, engine in by} == {
+        ("unmerged", "memwal_df SQL"),
+        ("unmerged", "plain Lance via DataFusion"),
+        ("merged", "memwal_df SQL"),
+        ("merged", "plain Lance via DataFusion"),
+        ("merged", "Lance via DataFusion over the merged base"),
+    }
     assert "## Search" not in report  # no search.json: no section
 
 
@@ -81,7 +96,7 @@ def test_report_charts(results):
     pytest.importorskip("matplotlib")  # installed by `make bench` (the `bench` extra)
     assert load_report().main(["--no-run", "--out", str(results)]) == 0
     report = (results / "report.md").read_text()
-    for png in ("write.png", "read.png", "merge.png"):
+    for png in ("write.png", "read.png", "narrow.png", "merge.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"![{png}]({png})" in report
 
 
@@ -109,3 +124,37 @@ def test_search_bench_judges_its_targets_from_its_figures_and_leaves_no_tables(t
     for t in data["targets"]:
         row = f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |"
         assert row in run.stdout and row in section
+
+
+def test_narrow_answer_check_catches_a_stale_row_a_missing_row_and_a_row_not_in_the_table():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from _narrow import Shape, make_data, mismatch
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    data = make_data(rows=50, upserts=10, batch=5)
+    model = data.model
+    updated = next(k for b in data.upserts for k in b.column("id").to_pylist() if k < 50)
+    stale = model.set_column(
+        2,
+        "value",
+        pa.array(
+            np.where(
+                np.arange(model.num_rows) == updated,
+                data.base.column("value").to_numpy()[updated],
+                model.column("value").to_numpy(),
+            )
+        ),
+    )
+    every, limit = Shape("all", "SELECT * FROM {t}"), Shape("any", "SELECT * FROM {t} LIMIT 3", ordered=False)
+    assert mismatch(every, model.take(list(range(model.num_rows))[::-1]), model, model) is None
+    assert mismatch(every, stale, model, model) is not None
+    assert mismatch(every, model.slice(1), model, model) is not None
+    three = model.slice(0, 3)
+    assert mismatch(limit, model.take([updated, 7, 40]), three, model) is None
+    assert mismatch(limit, stale.take([updated, 7, 40]), three, model) is not None
+    beyond = pa.table({"id": pa.array([model.num_rows], pa.int64()), "category": ["c1"], "value": [0.5]})
+    assert (
+        mismatch(limit, pa.concat_tables([model.slice(0, 2), beyond.cast(model.schema)]), three, model)
+        is not None
+    )

@@ -42,6 +42,7 @@ from memwal_df.errors import MissingGenerationError
 from memwal_df.format import memwal_index
 from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.dedup import DeduplicateExec
+from memwal_df.read.exec.masked_scan import MaskedScanExec
 
 FILTER = pc.field("v") < 40
 
@@ -85,7 +86,7 @@ def base_fragments(lsm: Lsm) -> set[int]:
 def planned(lsm: Lsm, flt: Any = FILTER) -> tuple[set[int], set[tuple[Any, int]]]:
     """(base fragments the query scans, (region, generation) of the gap levels it reads)."""
     nodes = [f.partition.make(["id"]) for f in mw.MemWalTable(lsm.uri).get_fragments(flt)]
-    scanned = {i for n in nodes if isinstance(n, AntiJoinScanExec) for i in n.fragment_ids}
+    scanned = {i for n in nodes if isinstance(n, AntiJoinScanExec | MaskedScanExec) for i in n.fragment_ids}
     gap = {
         (n.region.region_id, lv.generation)
         for n in nodes

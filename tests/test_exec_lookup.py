@@ -5,8 +5,8 @@ own `mem_wal_writer` (generations holding duplicates hidden by a deletion vector
 with `tests/support/reference.py::stored_rows`, which reads every level row by row.
 
 1. Keys in MemTables, in generations, only in the base, deleted in a newer level but present in the
-   base, absent; IN lists mixing them; the base read through its key map, through a btree index and
-   through a plain filtered scan; the key map against a scan after merges, deletes and compaction.
+   base, absent; IN lists mixing them; the base read through its key index, through a btree index and
+   through a plain filtered scan; the key index against a scan after merges, deletes and compaction.
 2. Composite (int64, utf8) keys, string keys (quotes, empty, non-ASCII), a spec on a non-key column.
 3. Native generations: `_pk_index` offsets are physical (deleted rows included), `_take_rows` takes
    them, `take()` does not.
@@ -36,8 +36,8 @@ from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import layout, pk_index
+from memwal_df.read import base_keys
 from memwal_df.read.cache import GENERATIONS
-from memwal_df.read.exec import take_last
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
 from memwal_df.read.exec.coalesce_first import CoalesceFirstExec
@@ -136,13 +136,13 @@ class Counter:
 
 
 def scan_the_base(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read base tables through a Lance scan, as for a base too large for a key map."""
-    monkeypatch.setattr(take_last, "MAX_MAPPED_BASE_ROWS", -1)
+    """Read base tables through a Lance scan, as for a base too large for a key index."""
+    monkeypatch.setattr(base_keys, "MAX_INDEXED_BASE_ROWS", -1)
 
 
-@pytest.mark.parametrize("base", ["key map", "btree", "scan"])
+@pytest.mark.parametrize("base", ["key index", "btree", "scan"])
 def test_lookup_across_levels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: str) -> None:
-    if base != "key map":
+    if base != "key index":
         scan_the_base(monkeypatch)
     t = make_table(tmp_path / "t", btree=base == "btree")
     with t.writer(max_memtable_rows=1000) as w:
@@ -252,11 +252,11 @@ def _take_base(
 
 
 @pytest.mark.parametrize("stable_row_ids", [False, True], ids=["row-addresses", "stable-row-ids"])
-def test_base_key_map_matches_scan_and_model(
+def test_base_key_index_matches_scan_and_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stable_row_ids: bool
 ) -> None:
     """Every base version along deletes, upserts (rows move to new fragments) and a compaction: the
-    key map, a btree-indexed scan and a plain scan all return exactly the version's rows."""
+    key index, a btree-indexed scan and a plain scan all return exactly the version's rows."""
     import numpy as np
 
     uri = str(tmp_path / "base")
@@ -280,14 +280,7 @@ def test_base_key_map_matches_scan_and_model(
         ds.create_scalar_index("id", "BTREE")
 
     rng = np.random.default_rng(5)
-    builds: list[int] = []
-    real_build = take_last._KeyMap.build.__func__  # type: ignore[attr-defined]
-
-    def counted_build(cls: Any, d: lance.LanceDataset, column: str) -> Any:
-        builds.append(d.version)
-        return real_build(cls, d, column)
-
-    monkeypatch.setattr(take_last._KeyMap, "build", classmethod(counted_build))
+    builds = base_keys.BASE_KEYS.builds
     for step in [None, deleted, upserted, indexed, compacted, upserted]:
         if step is not None:
             step()
@@ -300,26 +293,30 @@ def test_base_key_map_matches_scan_and_model(
             want = {k: model[k] for k in keys if k in model}
             assert _take_base(pinned, keys) == want
             assert _take_base(pinned, keys, pa.int32() if max(map(abs, keys)) < 2**31 else pa.int64()) == want
-        assert builds.count(ds.version) == 1  # one map per pinned dataset, reused by every lookup
         with monkeypatch.context() as m:
             scan_the_base(m)
             scanned = lance.dataset(uri, version=ds.version)
             for keys in key_sets:
                 assert _take_base(scanned, keys) == {k: model[k] for k in keys if k in model}
-        assert builds.count(ds.version) == 1
+    assert base_keys.BASE_KEYS.builds == builds + 1  # later versions patch the first version's index
 
 
-def test_key_map_only_for_small_integer_keyed_bases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_key_index_only_for_bases_up_to_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t = make_table(tmp_path / "t", n_base=50)
-    assert take_last._base_key_map(t.dataset, ["id"]) is not None
-    assert "via key map" in TakeLastExec(t.dataset, id_keys([1]), ["v"], ["id"]).describe()
-    monkeypatch.setattr(take_last, "MAX_MAPPED_BASE_ROWS", 49)
-    again = lance.dataset(t.uri)  # the map belongs to a dataset object: a new one decides again
-    assert take_last._base_key_map(again, ["id"]) is None
+    assert base_keys.indexable(t.dataset)
+    assert "via key index" in TakeLastExec(t.dataset, id_keys([1]), ["v"], ["id"]).describe()
+    monkeypatch.setattr(base_keys, "MAX_INDEXED_BASE_ROWS", 49)
+    again = lance.dataset(t.uri)
+    assert not base_keys.indexable(again)
     assert "via filtered scan" in TakeLastExec(again, id_keys([1]), ["v"], ["id"]).describe()
     assert _take_base(again, [1, 2, 99]) == {k: {"v": f"b{k}", "x": float(k), "id": k} for k in (1, 2)}
+    monkeypatch.undo()
     strings = mw.create_table(str(tmp_path / "s"), pa.table({"k": ["a", "b"], "v": ["x", "y"]}), "k")
-    assert take_last._base_key_map(strings.dataset, ["k"]) is None
+    assert (
+        "via key index" in TakeLastExec(strings.dataset, pa.table({"k": ["b", "z"]}), ["v"], ["k"]).describe()
+    )
+    got = TakeLastExec(strings.dataset, pa.table({"k": ["b", "z"]}), ["v"], ["k"]).to_table()
+    assert got.select(["k", "v"]).to_pylist() == [{"k": "b", "v": "y"}]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -788,7 +785,7 @@ def test_explain_tree(tmp_path: Path) -> None:
         assert "    TakeLastExec: memtable 2 of region " in text
         assert "    BloomFilterGuardExec: bf[region " in text and "][gen=1], keys=" in text
         assert "      TakeLastExec: generation 1 of region " in text and "via _pk_index" in text
-        assert f"TakeLastExec: base table v{snap.base.version}, via key map" in text
+        assert f"TakeLastExec: base table v{snap.base.version}, via key index" in text
         for line in lines:
             assert line.strip() and "\n" not in line
         plan.to_table()

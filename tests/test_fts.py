@@ -16,7 +16,7 @@ import snowballstemmer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.file import LanceFileReader
-from support.search_oracle import HISTORY_OPS, SearchLsm, bm25, history, make_rows
+from support.search_oracle import HISTORY_OPS, SearchLsm, assert_bm25, bm25, history, make_rows
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
@@ -29,17 +29,6 @@ QUERIES = ["apple", "kiwi fig", "quince sloe yuzu", "Apple, APPLE pear!", "nothi
 
 def fts(lsm: SearchLsm, query: str, k: int, with_writer: bool = True, **options: Any) -> pa.Table:
     return plan_fts(lsm.reader(with_writer), "text", query, k, options or None).to_table()
-
-
-def assert_bm25(got: pa.Table, truth: dict[int, dict[str, Any]], want: dict[int, float], k: int) -> None:
-    """The k best reference scores (ties make the keys ambiguous, not the scores), each row current,
-    each score the reference score of its key."""
-    best = sorted(want.values(), reverse=True)[:k]
-    scores = got.column("_score").to_numpy()
-    np.testing.assert_allclose(scores, best, rtol=0, atol=1e-6)
-    for row, score in zip(got.drop_columns(["_score"]).to_pylist(), scores, strict=True):
-        assert row == truth[row["id"]], f"stale or deleted row returned: {row}"
-        assert abs(want[row["id"]] - score) <= 1e-6
 
 
 def with_index(uri: str) -> None:

@@ -103,6 +103,8 @@ def check_against_model(
         for r in rows:
             newest[kind.key_of(r)] = len(all_rows)
             all_rows.append(r)
+        # asked between writes too: the kept answer is patched by the rows written since
+        assert mt.newest_positions().tolist() == sorted(newest.values())
 
     assert len(mt) == mt.num_rows == len(all_rows)
     assert mt.num_keys == len(newest)

@@ -334,7 +334,7 @@ def test_search_over_indexed_levels(tmp_path: Path, indexed_write: bool) -> None
     plan = plan_fts(lsm.reader(), "text", "kiwi", 10)
     plan.to_table()
     memtable_arms = [a for a in plan.bm25_arms if a.label.startswith("memtable")]
-    assert memtable_arms and all(isinstance(a.index, PairTerms) for a in memtable_arms)
+    assert memtable_arms and all(isinstance(a.parts[0].index, PairTerms) for a in memtable_arms)
     lsm.close()
 
 

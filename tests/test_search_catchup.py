@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 from support.search_oracle import HISTORY_OPS, SearchLsm, history, make_rows, nearest
 from test_vector_search import QUERIES, assert_exact, assert_fresh
 
+import memwal_df as mw
 from memwal_df.read import levels as _levels
+from memwal_df.read import vectors
 from memwal_df.read.exec.brute_force_knn import BruteForceKnnExec
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.search import plan_vector_search
@@ -146,3 +148,33 @@ def test_resident_generation_rows_equal_lance_takes(behind: SearchLsm, monkeypat
     taken = level.take(positions, ["text", "vec", "category", "id"])
     assert level.cached("resident rows:text,vec,category,id", lambda: None) is _levels._TOO_LARGE
     assert taken.select(resident.column_names).equals(resident)
+
+
+def test_long_lived_reader_across_merges_derives_masks_from_the_last_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One reader across rounds of upserts, deletes, flushes and merges with the index behind: exact
+    after every round, and a gap generation's mask of rows replaced by newer generations is derived
+    from its mask of the round before, probing only the generations added since."""
+    lsm = indexed_lsm(tmp_path, list(range(600)))
+    probed: list[int] = []
+
+    class Recorded(vectors.NewerLevels):
+        def __init__(self, levels: Any, *args: Any) -> None:
+            probed.append(len(levels))
+            super().__init__(levels, *args)
+
+    monkeypatch.setattr(vectors, "NewerLevels", Recorded)
+    reader = mw.MemWalTable(lsm.uri)
+    try:
+        for round_ in range(5):
+            lsm.put(list(range(round_ * 37 % 500, round_ * 37 % 500 + 60)) + [700 + round_], seed=round_)
+            lsm.delete([round_ * 5, 700 + round_ - 1])
+            lsm.flush() if round_ % 2 else lsm.merge()
+            truth = lsm.rows(with_writer=False)
+            for q in QUERIES[:2]:
+                got = plan_vector_search(reader, "vec", q, 10, EXACT).to_table()
+                assert_exact(got, truth, nearest(truth, q, 10))
+        assert probed and max(probed) <= 1  # one generation added per region and round
+    finally:
+        lsm.close()

@@ -115,3 +115,35 @@ def test_all_zero_vectors() -> None:
 def test_smallest_values(values: list[int], n: int) -> None:
     array = np.asarray(values, np.int32)
     assert np.array_equal(np.sort(_smallest(array, n)), np.sort(array)[:n])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5),
+    spread=st.floats(0.01, 100.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_generations_quantized_alone_join_into_the_matrix_of_all(
+    sizes: list[int], spread: float, seed: int
+) -> None:
+    """Codes kept per generation at a shared grid scale, put together, are the codes of all the rows
+    at that scale, with the largest error of the parts: a search over them stays exact."""
+    rng = np.random.default_rng(seed)
+    matrices = [(rng.standard_normal((n, 8)) * spread * rng.random()).astype(np.float32) for n in sizes]
+    scales = [Quantized.grid_scale(m) for m in matrices if len(m)]
+    if not scales:
+        return
+    scale = max(s for s in scales if s is not None)
+    assert all(scale >= float(np.abs(m).max()) / 127 for m in matrices if len(m))
+    parts = [Quantized.at_scale([m], scale) for m in matrices]
+    joined, whole = Quantized.joined(parts), Quantized.at_scale(matrices, scale)
+    np.testing.assert_array_equal(joined.codes, whole.codes)
+    assert joined.error == whole.error
+    matrix = np.concatenate(matrices)
+    q = rng.standard_normal(8).astype(np.float32) * spread
+    excluded = np.zeros(len(matrix), bool)
+    n = min(3, len(matrix))
+    exact = distances(matrix, q, "l2")
+    scores = joined.scores(q, excluded)
+    limit = float(np.partition(scores.uppers(n), n - 1)[n - 1])
+    assert set(np.argsort(exact, kind="stable")[:n]) <= set(scores.within(limit).tolist())

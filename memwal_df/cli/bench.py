@@ -17,7 +17,7 @@ from pathlib import Path
 from memwal_df.errors import MemWalError
 
 PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout root, for a source install
-SCRIPTS = ("report", "write", "read", "search", "merge", "point_lookup", "snapshot_mode")
+SCRIPTS = ("report", "write", "read", "search", "merge", "churn", "point_lookup", "snapshot_mode")
 
 
 class BenchNotFoundError(MemWalError, FileNotFoundError):

@@ -135,7 +135,6 @@ def with_primary_key(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
     return pa.schema(fields, metadata=schema.metadata)
 
 
-
 # ------------------------------------------------------------------------------------------------
 # Reading the base table's manifest
 

@@ -354,4 +354,3 @@ class LocalStorage(Storage):
     def child_uri(self, path: str) -> str:
         path = check_path(path)
         return self.uri + path if self.uri.endswith("/") else f"{self.uri}/{path}"
-

@@ -152,7 +152,6 @@ def obstore_options(
     return config, client, retry
 
 
-
 _MEMORY_STORES: dict[str, Any] = {}
 _MEMORY_LOCK = threading.Lock()
 

@@ -128,5 +128,3 @@ class Storage(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
-
-

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-__all__ = ["conform_batch", "projected_schema"]
+__all__ = ["conform_batch", "count_batch", "projected_schema"]
 
 
 def conform_batch(batch: pa.RecordBatch, schema: pa.Schema | None) -> pa.RecordBatch:
@@ -23,3 +23,8 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema | None) -> pa.RecordB
 def projected_schema(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
     """The fields of `schema` named by `columns`, in that order."""
     return pa.schema([schema.field(c) for c in columns])
+
+
+def count_batch(n: int) -> pa.RecordBatch:
+    """A batch of `n` rows and no column: what an operator yields when DataFusion only counts rows."""
+    return pa.record_batch([pa.nulls(n)], names=["n"]).select([])

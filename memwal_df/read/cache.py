@@ -95,10 +95,16 @@ class ImmutableCache:
             _, (_, nbytes) = self._items.popitem(last=False)
             self._bytes -= nbytes
 
-    def forget(self, uri: str) -> None:
+    def forget(self, uri: str, names: set[str] | None = None) -> None:
+        """Drop the entries of `uri` (only those named in `names` when given)."""
         with self._lock:
-            for key in [k for k in self._items if k[0] == uri]:
+            for key in [k for k in self._items if k[0] == uri and (names is None or k[1] in names)]:
                 self._bytes -= self._items.pop(key)[1]
+
+    def names(self, uri: str) -> list[str]:
+        """The names of the entries held for `uri`."""
+        with self._lock:
+            return [name for u, name in self._items if u == uri]
 
     def __len__(self) -> int:
         return len(self._items)

@@ -50,13 +50,14 @@ from typing import cast
 
 import lance
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.errors import MemWalError
 from memwal_df.format import memwal_index
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.read.cache import ImmutableCache, described_indices
-from memwal_df.read.keys import KeySet, key_array
+from memwal_df.read.keys import key_array
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.snapshot import ReadSnapshot
 from memwal_df.read.spans import id_ranges
@@ -284,18 +285,26 @@ def _indexed_columns(level: GenerationLevel) -> frozenset[str]:
 
 def _newest_live(levels: list[GenerationLevel], primary_key: Sequence[str]) -> int | None:
     """How many keys have a live newest version among `levels` (newest first); None if one is gone.
-    Records each level's key set on the level, for the scan that follows."""
-    seen: KeySet | None = None
-    live = 0
+    Records each level's key set on the level, for the scan that follows. A level's keys and
+    tombstone flags are read once per process (a generation never changes), and the newest version
+    of each key is found in one hash aggregation over all the levels."""
+    name = f"keys and tombstones:{','.join(primary_key)}"
+    keys, live = [], []
     for level in levels:
-        rows = level.to_table([*primary_key, TOMBSTONE])
+        rows = level.cached(name, partial(level.to_table, [*primary_key, TOMBSTONE]), _nbytes)
         if rows is None:
             return None
-        keys = key_array([rows.column(c) for c in primary_key])
-        level.set_keys(keys)
-        fresh = ~pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False).astype(bool)
-        if seen is not None:
-            fresh &= ~seen.contains(keys)
-        live += int(np.count_nonzero(fresh))
-        seen = KeySet(keys) if seen is None else seen.add(keys)
-    return live
+        level_keys = key_array([rows.column(c) for c in primary_key])
+        level.set_keys(level_keys)
+        keys.append(level_keys)
+        live.append(~pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False).astype(bool))
+    total = sum(len(k) for k in keys)
+    if total == 0:
+        return 0
+    at = pa.table({"key": pa.chunked_array(keys), "at": np.arange(total, dtype=np.int64)})
+    newest = at.group_by("key", use_threads=False).aggregate([("at", "min")]).column("at_min").to_numpy()
+    return int(np.count_nonzero(np.concatenate(live)[newest]))
+
+
+def _nbytes(rows: pa.Table | None) -> int:
+    return 0 if rows is None else rows.nbytes

@@ -47,20 +47,30 @@ def fragment_take(
 def take_addresses(ds: lance.LanceDataset, addresses: np.ndarray, columns: Sequence[str]) -> pa.Table:
     """The live rows at row `addresses` (`_rowaddr`: fragment id << 32 | physical offset), in that
     order. A fragment without a deletion file (physical offsets are visible offsets) is read through
-    its kept `FragmentSession` (the cheaper read), any other through `_take_rows`."""
+    its kept `FragmentSession` (the cheaper read), all others through one `_take_rows`."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     whole = _whole.get(
         ds, lambda: {f.fragment_id: f.metadata.deletion_file is None for f in ds.get_fragments()}
     )
     fragments = (addresses >> np.uint64(32)).astype(np.int64)
     order = np.argsort(addresses, kind="stable")
-    parts = []
-    for fragment in np.unique(fragments):
+    pieces: dict[int, pa.Table] = {}
+    rest: list[tuple[int, np.ndarray]] = []  # taken in one `_take_rows` (a call costs ~0.5 ms)
+    for fragment in np.unique(fragments).tolist():
         at = addresses[order[fragments[order] == fragment]]
-        if whole.get(int(fragment), False) and len(np.unique(at)) == len(at):
-            parts.append(fragment_take(ds, int(fragment), at & np.uint64(0xFFFFFFFF), columns))
+        if whole.get(fragment, False) and len(np.unique(at)) == len(at):
+            pieces[fragment] = fragment_take(ds, fragment, at & np.uint64(0xFFFFFFFF), columns)
         else:
-            parts.append(ds._take_rows(pa.array(at, pa.uint64()), columns=list(columns)))
+            rest.append((fragment, at))
+    if rest:
+        taken = ds._take_rows(
+            pa.array(np.concatenate([at for _, at in rest]), pa.uint64()), columns=list(columns)
+        )
+        start = 0
+        for fragment, at in rest:  # rows come back in address order
+            pieces[fragment] = taken.slice(start, len(at))
+            start += len(at)
+    parts = [pieces[f] for f in sorted(pieces)]
     if not parts:
         return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
     taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)

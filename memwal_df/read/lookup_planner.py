@@ -84,7 +84,7 @@ def plan_point_lookup(
     base = snapshot.base
 
     def take_base(k: pa.Table) -> ExecNode:
-        return TakeLastExec(base, k, out_columns, pk)
+        return TakeLastExec(base, k, out_columns, pk, snapshot.storage)
 
     # A lookup snapshot of one key holds just the regions that key may live in: nothing to route.
     routed = snapshot.lookup_keys is not None and keys.num_rows == 1

@@ -27,12 +27,17 @@ from typing import Any
 import pyarrow as pa
 
 from memwal_df.format.regions.spec import RegionSpec
+from memwal_df.read.base_keys import indexable
 from memwal_df.read.catchup import Coverage, index_coverage
 from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.dedup import DeduplicateExec, LevelKeys
+from memwal_df.read.exec.masked_scan import MaskedScanExec, fragment_rows
+from memwal_df.read.exec.region_rows import RegionRowsExec
 from memwal_df.read.exec.union import UnionExec
 from memwal_df.read.keys import KeySet
+from memwal_df.read.region_view import ViewShape
+from memwal_df.read.scan_state import ScanState, scannable
 from memwal_df.read.snapshot import ReadSnapshot, RegionLevels, UnreadableRegion
 from memwal_df.read.spans import BaseSpan, base_spans
 
@@ -95,19 +100,20 @@ def plan_scan(
     filter: Any,
     column_predicates: dict[str, list[Any]],
     partitions: int | None = None,
+    one_region_partition: bool = True,
 ) -> list[Partition]:
-    """Partitions of a scan: one per region with levels to read (with its gap generations when the
-    base is read through a behind index), then up to `partitions` (default: one per core) spans of the
-    base table's rows."""
+    """Partitions of a scan: the regions with levels to read (one partition for all of them when
+    `one_region_partition` and their rows are read from region views, else one each), then up to
+    `partitions` (default: one per core) spans of the base table's rows."""
     pk = snapshot.schema.primary_key
     ktype = key_type(snapshot)
     coverage = index_coverage(snapshot, column_predicates) if column_predicates else None
     plan = coverage.plan if coverage is not None else None
+    pruned = prune_regions(snapshot, specs, column_predicates)
+    if plan is None and all(scannable(r) for r in pruned):
+        return _plan_view_scan(snapshot, pruned, filter, partitions, _note(coverage), one_region_partition)
     gap = plan.gap if plan is not None else {}
-    regions = [
-        replace(r, levels=[*r.levels, *gap.get(r.region_id, [])])
-        for r in prune_regions(snapshot, specs, column_predicates)
-    ]
+    regions = [replace(r, levels=[*r.levels, *gap.get(r.region_id, [])]) for r in pruned]
     keys = [LevelKeys(r, pk, ktype) for r in regions if r.levels]
     shadow = _SharedKeys(keys, ktype)
     index = plan.index if plan is not None else ""
@@ -134,6 +140,58 @@ def plan_scan(
     if not out:  # DataFusion's plans need at least one partition (a sort over none is rejected)
         out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
     return out
+
+
+def _plan_view_scan(
+    snapshot: ReadSnapshot,
+    regions: list[RegionLevels],
+    filter: Any,
+    partitions: int | None,
+    note: str,
+    one_region_partition: bool,
+) -> list[Partition]:
+    """The scan from region views and the base key index: one `RegionRowsExec` per region with levels,
+    then the base cut into spans, each a `MaskedScanExec` (see `memwal_df.read.scan_state`)."""
+    shape = ViewShape.of(snapshot.schema.schema, snapshot.schema.primary_key, key_type(snapshot))
+    state = ScanState(snapshot, [r for r in regions if r.levels], shape)
+
+    def region_scan(region: RegionLevels, cols: Sequence[str]) -> ExecNode:
+        return RegionRowsExec(str(region.region_id), lambda: state.region(region), cols, filter)
+
+    # The regions' rows are in memory: in one process, one partition reads them all (a partition
+    # costs DataFusion a round trip into Python; a region's rows take less than that to filter).
+    out = []
+    if one_region_partition and state.regions:
+        label = f"regions {', '.join(str(r.region_id)[:8] for r in state.regions)}"
+        out.append(Partition(label, lambda cols: UnionExec([region_scan(r, cols) for r in state.regions])))
+    elif state.regions:
+        out += [Partition(f"region {r.region_id}", _region_partition(region_scan, r)) for r in state.regions]
+    indexed = indexable(snapshot.base)  # else the keys newer levels hold are dropped by comparing keys
+    live = indexed and filter is None  # Lance applies offset and limit after a filter: `_rowaddr` then
+    fragments = list(fragment_rows(snapshot.base, live).items())
+    pk = snapshot.schema.primary_key
+
+    def base_scan(span: BaseSpan, first: bool) -> MakeNode:
+        if not indexed:
+            return lambda cols: AntiJoinScanExec(
+                snapshot.base, span, pk, cols, filter, state.shadow_keys, note
+            )
+        return lambda cols: MaskedScanExec(
+            snapshot.base, span, cols, filter, state.shadow, live=live, counts_all=first, note=note
+        )
+
+    spans = base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS)
+    for i, span in enumerate(spans):
+        out.append(Partition(f"base {span.describe()}", base_scan(span, i == 0)))
+    if not out:
+        out.append(Partition("no rows (no base fragment, no unmerged level)", lambda cols: UnionExec([])))
+    return out
+
+
+def _region_partition(
+    scan: Callable[[RegionLevels, Sequence[str]], ExecNode], region: RegionLevels
+) -> MakeNode:
+    return lambda cols: scan(region, cols)
 
 
 def _note(coverage: Coverage | None) -> str:

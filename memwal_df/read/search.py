@@ -257,7 +257,7 @@ def plan_fts(
     fts_query = FtsQuery(column, tokenizer, tuple(terms), k, s.filter, schema)
     arms = []
     if base.get_fragments():
-        arms.append(Bm25Exec.for_base(base, fts_query, s.newer(s.all_levels)))
+        arms.append(Bm25Exec.for_base(base, s.snapshot.storage, fts_query, s.newer(s.all_levels)))
     searched = {id(r) for r in s.regions}
     s.snapshot.require_readable(s.snapshot.unreadable)
     for region in s.snapshot.regions:  # pruned regions too: the statistics cover the whole table

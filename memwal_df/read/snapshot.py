@@ -386,7 +386,8 @@ def restore(table: TableHandle, pinned: PinnedSnapshot) -> ReadSnapshot:
         base, details = table.dataset, table.details
     else:
         options = table.storage_options or None
-        base = lance.dataset(table.uri, version=pinned.base_version, storage_options=options)
+        session = table.dataset.session()  # Lance's index and metadata caches, shared with the latest version
+        base = lance.dataset(table.uri, version=pinned.base_version, storage_options=options, session=session)
         found = memwal_index.read_details(table.uri, options, version=pinned.base_version)
         if found is None:
             raise InvalidConfigError(f"base version {pinned.base_version} has no MemWAL index")

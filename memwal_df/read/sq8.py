@@ -44,6 +44,15 @@ def _smallest(values: np.ndarray, n: int) -> np.ndarray:
     return np.partition(values, n - 1)[:n]
 
 
+def _top(matrices: Sequence[np.ndarray]) -> float | None:
+    """max|x| over `matrices`; None when they cannot be quantized (no rows, a non-finite value, or
+    more dimensions than an int32 sum holds)."""
+    if sum(len(m) for m in matrices) == 0 or matrices[0].shape[1] > _MAX_DIM:
+        return None
+    top = max(float(np.abs(m).max()) if len(m) else 0.0 for m in matrices)
+    return top if np.isfinite(top) else None
+
+
 def _compiled() -> Any:
     """The numba kernel, compiled on first use in a process (~0.3 s with numba's import). Not cached
     on disk: nothing is written next to the package, and no stale cache file can break a search."""
@@ -104,13 +113,24 @@ class Quantized:
     def of(cls, matrices: Sequence[np.ndarray]) -> Quantized | None:
         """The rows of `matrices` (float32, one after the other) quantized with one scale; None when
         they cannot be (no rows, a non-finite value, or more dimensions than an int32 sum holds)."""
+        top = _top(matrices)
+        if top is None:
+            return None
+        return cls.at_scale(matrices, top / 127 if top > 0 else 1.0)
+
+    @staticmethod
+    def grid_scale(matrix: np.ndarray) -> float | None:
+        """The smallest scale of the grid 2^(k/4) that quantizes `matrix` without clipping (levels
+        with close ranges share it, so their codes can be put together); None as for `of`."""
+        top = _top([matrix])
+        if top is None:
+            return None
+        return float(2.0 ** (np.ceil(np.log2(top / 127) * 4) / 4)) if top > 0 else 1.0
+
+    @classmethod
+    def at_scale(cls, matrices: Sequence[np.ndarray], scale: float) -> Quantized:
+        """The rows of `matrices` quantized with `scale` (at least max|x| / 127: nothing clips)."""
         rows = sum(len(m) for m in matrices)
-        if rows == 0 or matrices[0].shape[1] > _MAX_DIM:
-            return None
-        top = max(float(np.abs(m).max()) if len(m) else 0.0 for m in matrices)
-        if not np.isfinite(top):
-            return None
-        scale = top / 127 if top > 0 else 1.0
         codes = np.empty((rows, matrices[0].shape[1]), np.int8)
         error, at = 0.0, 0
         for m in matrices:  # one matrix at a time: the float64 residuals stay small
@@ -121,6 +141,12 @@ class Quantized:
                 error = max(error, float(np.sqrt(np.einsum("ij,ij->i", residual, residual).max())))
             at += len(m)
         return cls(codes, scale, error * _UP)
+
+    @classmethod
+    def joined(cls, parts: Sequence[Quantized]) -> Quantized:
+        """`parts` (of one scale) as one matrix, one after the other."""
+        assert len({p.scale for p in parts}) == 1, "parts of one scale only"
+        return cls(np.concatenate([p.codes for p in parts]), parts[0].scale, max(p.error for p in parts))
 
     def scores(self, q: np.ndarray, excluded: np.ndarray) -> Sq8Scores:
         """The query's scores against every row (`excluded` rows are not candidates)."""

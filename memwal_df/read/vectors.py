@@ -178,14 +178,31 @@ class ShadowedLevel:
     def excluded(self, vectors: LevelVectors, column: str) -> np.ndarray:
         """Bool per position: not a candidate (a tombstone, no vector in `column`, or a newer
         generation holds its key); kept with the level (per process for a generation, per query for
-        a MemTable)."""
+        a MemTable). A generation's mask under a newer set is derived from its kept mask under the
+        set without the newest generations, when there is one (a flush or a merge adds one newer
+        generation): only the added generations' keys are probed."""
         name = f"excluded:{column}"
         if self.newer is None or not self.newer.levels:
             return self.level.memo(name, lambda: ~vectors.usable)
-        uris = "\n".join(lv.uri for lv in self.newer_generations)
-        name += f":{hashlib.sha256(uris.encode()).hexdigest()}:{','.join(self.newer.primary_key)}"
         newer = self.newer
-        return self.level.memo(name, lambda: ~vectors.usable | newer.stale(vectors.keys))
+        generations = self.newer_generations  # newest first
+        pk = ",".join(newer.primary_key)
+
+        def under(gens: list[GenerationLevel]) -> str:
+            uris = "\n".join(lv.uri for lv in gens)
+            return f"{name}:{hashlib.sha256(uris.encode()).hexdigest()}:{pk}"
+
+        def compute() -> np.ndarray:
+            level = self.level
+            if isinstance(level, GenerationLevel):
+                for k in range(1, len(generations)):
+                    older = level.cached(under(generations[k:]), lambda: None)
+                    if older is not None:
+                        added = NewerLevels(generations[:k], newer.primary_key, newer.key_type)
+                        return np.asarray(older | added.stale(vectors.keys))
+            return ~vectors.usable | newer.stale(vectors.keys)
+
+        return self.level.memo(under(generations), compute)
 
     def describe(self) -> str:
         merged = "merged " if self.merged else ""

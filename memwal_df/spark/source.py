@@ -128,9 +128,10 @@ class ScanPartition(InputPartition):
 
 
 def plan(table: Table, snapshot: Any, filter: pc.Expression | None, spans: int) -> list[Partition]:
-    """The scan plan `MemWalTable` makes for this snapshot and filter (`spans` base partitions)."""
+    """The scan plan `MemWalTable` makes for this snapshot and filter (`spans` base partitions), with
+    one partition per region (each may run on another executor)."""
     predicates = column_predicates(filter) if filter is not None else {}
-    return plan_scan(snapshot, table.specs, filter, predicates, partitions=spans)
+    return plan_scan(snapshot, table.specs, filter, predicates, partitions=spans, one_region_partition=False)
 
 
 class MemWalReader(DataSourceReader):

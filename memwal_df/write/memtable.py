@@ -49,7 +49,7 @@ class MemTable:
         self._bloom = BloomFilter.empty()
         self._bloom_batches = 0  # batches already in _bloom
         # (batches covered, positions of the newest row per key; None when every row is the newest)
-        self._newest_cache: tuple[int, np.ndarray | None] = (0, None)
+        self._newest_cache: tuple[int, int, np.ndarray | None, pa.Array | None] = (0, 0, None, None)
         self.num_rows = 0
         self.nbytes = 0
         # WAL positions holding this MemTable's rows (inclusive); 0 while none is durable.
@@ -90,19 +90,32 @@ class MemTable:
 
     def _newest_positions(self) -> np.ndarray | None:
         """Ascending positions of the newest row of every key; None when every row is one (no key
-        repeats). One hash aggregation (max position per key), cached until the next write."""
-        covered, positions = self._newest_cache
+        repeats). Kept between writes and patched by the rows written since: a kept position stays
+        unless a newer row has its key, and the newer rows' own newest ones are added (one hash probe
+        of the kept keys into the new ones, one aggregation of the new rows only)."""
+        covered, covered_rows, positions, keys = self._newest_cache
         if covered == len(self.batches):
             return positions
-        table = self.to_table()
-        with_positions, position = _with_positions(table.select(self.primary_key))
-        newest = with_positions.group_by(self.primary_key, use_threads=False).aggregate([(position, "max")])
-        if newest.num_rows == table.num_rows:
-            positions = None
+        new_rows = pa.Table.from_batches(self.batches[covered:], schema=self.schema)
+        new_keys = self._keys(new_rows)
+        first = _newest_of(new_keys)  # positions within the new rows; None: all of them
+        if first is not None:
+            new_keys = new_keys.take(pa.array(first))
+        new_positions = covered_rows + (np.arange(new_rows.num_rows) if first is None else first)
+        if covered_rows:
+            old_positions = np.arange(covered_rows) if positions is None else positions
+            assert keys is not None
+            stays = np.asarray(pc.invert(pc.is_in(keys, value_set=new_keys)).to_numpy(zero_copy_only=False))
+            all_positions = np.concatenate([old_positions[stays], new_positions])
+            all_keys = pa.concat_arrays([keys.filter(pa.array(stays)), new_keys])
         else:
-            positions = np.sort(newest.column(f"{position}_max").to_numpy())
-        self._newest_cache = (len(self.batches), positions)
+            all_positions, all_keys = new_positions, new_keys
+        positions = None if len(all_positions) == self.num_rows else all_positions.astype(np.int64)
+        self._newest_cache = (len(self.batches), self.num_rows, positions, all_keys)
         return positions
+
+    def _keys(self, rows: pa.Table) -> pa.Array:
+        return pk_index_key([rows.column(c).combine_chunks() for c in self.primary_key])
 
     def newest_positions(self) -> np.ndarray:
         """Positions of the newest row of every key, ascending (= forward write order)."""
@@ -134,6 +147,24 @@ class MemTable:
         asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
         held = [newest.column(name).combine_chunks() for name in self.primary_key]
         return newest.filter(pc.is_in(pk_index_key(held), value_set=pk_index_key(asked)))
+
+
+def _newest_of(keys: pa.Array) -> np.ndarray | None:
+    """Ascending positions of the last row of each key in `keys`; None when no key repeats."""
+    n = len(keys)
+    if n <= 1:
+        return None
+    if pa.types.is_integer(keys.type):
+        values = keys.to_numpy(zero_copy_only=False)
+        _, last_reversed = np.unique(values[::-1], return_index=True)
+        if len(last_reversed) == n:
+            return None
+        return np.sort(n - 1 - last_reversed)
+    table, position = _with_positions(pa.table({"k": keys}))
+    newest = table.group_by("k", use_threads=False).aggregate([(position, "max")])
+    if newest.num_rows == n:
+        return None
+    return np.sort(newest.column(f"{position}_max").to_numpy())
 
 
 def _with_positions(keys: pa.Table) -> tuple[pa.Table, str]:

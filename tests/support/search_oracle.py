@@ -197,3 +197,14 @@ def bm25(
         if score > 0:
             out[key] = score
     return out
+
+
+def assert_bm25(got: pa.Table, truth: dict[Any, Row], want: dict[Any, float], k: int) -> None:
+    """The k best reference scores (ties make the keys ambiguous, not the scores), each row current,
+    each score the reference score of its key."""
+    best = sorted(want.values(), reverse=True)[:k]
+    scores = got.column("_score").to_numpy()
+    np.testing.assert_allclose(scores, best, rtol=0, atol=1e-6)
+    for row, score in zip(got.drop_columns(["_score"]).to_pylist(), scores, strict=True):
+        assert row == truth[row["id"]], f"stale or deleted row returned: {row}"
+        assert abs(want[row["id"]] - score) <= 1e-6

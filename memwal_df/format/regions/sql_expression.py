@@ -275,4 +275,3 @@ class Expression(Transform):
 
     def __str__(self) -> str:
         return f"expression[{self.sql}]"
-

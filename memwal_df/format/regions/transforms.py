@@ -453,7 +453,6 @@ class Unsharded(Transform):
         return None
 
 
-
 _TRANSFORMS: dict[str, Callable[[Mapping[str, str]], Transform]] = {
     "identity": lambda p: Identity(),
     "year": lambda p: Year(),

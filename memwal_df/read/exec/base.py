@@ -53,4 +53,3 @@ class ExecNode(ABC):
         if not batches:
             raise ValueError(f"{type(self).__name__} produced no rows and knows no schema")
         return pa.Table.from_batches(batches)
-

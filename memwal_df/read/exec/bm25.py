@@ -1,9 +1,10 @@
 """Bm25Exec: BM25 ranking of one level's live documents (the base table, a generation or a MemTable).
 
 Scores use the corpus statistics of the whole deduplicated table (`memwal_df.read.fts_terms`), which
-`GlobalBM25Exec` sums from every level's share (`corpus()`) and sets before `top`. The level's term
-index is built once per process for a generation, once per pinned version for the base table (the
-last two kept), once per query for a MemTable.
+`GlobalBM25Exec` sums from every level's share (`corpus()`) and sets before `top`. A level's
+documents come in `TermPart`s: one for a generation (term index built once per process) or a
+MemTable (once per query), one per fragment for the base table (`memwal_df.read.base_terms`: term
+indexes kept per fragment across base versions; positions are row addresses).
 
 Guarantees: `top(n)` is the level's `n` best live documents that match the filter, best first, ties
 by position; scores are float64.
@@ -19,8 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.format.rows import TOMBSTONE
-from memwal_df.read.cache import ImmutableCache
+from memwal_df.format.storage import Storage
+from memwal_df.read.base_terms import base_parts
 from memwal_df.read.exec.ranked import POSITION, RankedExec, grow
+from memwal_df.read.fragments import take_addresses
 from memwal_df.read.fts_terms import (
     K1,
     SCORE,
@@ -29,6 +32,7 @@ from memwal_df.read.fts_terms import (
     FtsQuery,
     PairTerms,
     TermIndex,
+    TermPart,
     Terms,
     live_documents,
 )
@@ -39,8 +43,6 @@ from memwal_df.read.predicate import referenced_columns
 
 __all__ = ["Bm25Exec"]
 
-_BASE_INDEXES = ImmutableCache(capacity=2)  # term indexes of pinned base versions (large)
-
 
 class Bm25Exec(RankedExec):
     """BM25 ranking of one level's live documents with the global statistics (set before `top`)."""
@@ -50,44 +52,38 @@ class Bm25Exec(RankedExec):
     def __init__(
         self,
         label: str,
-        index: Terms,
+        newer: NewerLevels,
+        parts: Sequence[TermPart],
         terms: Sequence[str],
         k: int,
-        live: np.ndarray,
-        eligible: np.ndarray,
         take: Callable[[np.ndarray, Sequence[str]], pa.Table],
         schema: pa.Schema,
         post_filter: pc.Expression | None = None,
     ) -> None:
         self.label = label
-        self.index = index
+        self.newer = newer
+        self.parts = list(parts)
         self.terms = list(terms)
         self.k = k
         self.score = SCORE
         self.descending = True
-        self.live = live  # documents of the corpus (statistics)
-        self.eligible = eligible  # documents that may be returned (live, and matching the filter)
         self._take = take
         self.schema = schema.append(pa.field(SCORE, pa.float64()))
         self.post_filter = post_filter
         self.stats: CorpusStats | None = None
 
     @classmethod
-    def for_base(cls, base: lance.LanceDataset, q: FtsQuery, newer: NewerLevels) -> Bm25Exec:
+    def for_base(
+        cls, base: lance.LanceDataset, storage: Storage, q: FtsQuery, newer: NewerLevels
+    ) -> Bm25Exec:
         """The base table's ranking; its live documents are those whose key no level in `newer` holds."""
-        pk, column, tokenizer = newer.primary_key, q.column, q.tokenizer
+        parts = base_parts(base, storage, q.column, q.tokenizer, newer)
 
-        def build() -> TermIndex:
-            return TermIndex.build(base.to_table(columns=[*pk, column]), column, pk, tokenizer)
+        def take(addresses: np.ndarray, columns: Sequence[str]) -> pa.Table:
+            return take_addresses(base, addresses, columns)
 
-        index = _BASE_INDEXES.get(base.uri, f"terms:v{base.version}:{column}:{tokenizer}", build)
-        live = live_documents(index, newer, f"{base.uri}:v{base.version}:{column}")
-
-        def take(positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
-            return base.take(pa.array(positions, pa.int64()), columns=list(columns))
-
-        label = f"base v{base.version}, live = not in {newer.describe()}"
-        return cls(label, index, q.terms, q.k, live, live, take, q.table_schema, q.filter)
+        label = f"base v{base.version} ({len(parts)} fragments)"
+        return cls(label, newer, parts, q.terms, q.k, take, q.table_schema, q.filter)
 
     @classmethod
     def for_level(cls, level: Level, q: FtsQuery, newer: NewerLevels, searchable: bool = True) -> Bm25Exec:
@@ -104,8 +100,8 @@ class Bm25Exec(RankedExec):
             return TermIndex.build(level.read([*pk, column, TOMBSTONE]), column, pk, tokenizer)
 
         index = level.memo(f"terms:{column}:{tokenizer}", build)
-        owner = f"{level.uri}:{column}" if isinstance(level, GenerationLevel) else None
-        live = live_documents(index, newer, owner)
+        owner = level if isinstance(level, GenerationLevel) else None
+        live = live_documents(index, newer, owner, column)
         if not searchable:
             eligible = np.zeros_like(live)
         elif filter is None:
@@ -113,43 +109,60 @@ class Bm25Exec(RankedExec):
         else:
             eligible = live & level.filter_mask(filter)
 
-        label = f"{level.label}, live = not in {newer.describe()}"
-        label += "" if searchable else " (statistics only)"
-        return cls(label, index, q.terms, q.k, live, eligible, level.take, q.table_schema)
+        label = level.label + ("" if searchable else " (statistics only)")
+        part = TermPart(index, live, eligible)
+        return cls(label, newer, [part], q.terms, q.k, level.take, q.table_schema)
 
     def describe(self) -> str:
         f = "" if self.post_filter is None else f", filter={self.post_filter}"
-        return f"Bm25Exec: {self.label}{f}"
+        return f"Bm25Exec: {self.label}, live = not in {self.newer.describe()}{f}"
 
     def corpus(self) -> CorpusStats:
         """This level's share of the corpus statistics (its live documents)."""
-        df = np.array([int(self.live[self.index.postings(t)[0]].sum()) for t in self.terms], dtype=np.float64)
-        return CorpusStats(int(self.live.sum()), int(self.index.doc_len[self.live].sum()), df)
+        shares = [part.corpus(self.terms) for part in self.parts]
+        df = np.sum([s.df for s in shares], axis=0) if shares else np.zeros(len(self.terms))
+        return CorpusStats(sum(s.num_docs for s in shares), sum(s.total_len for s in shares), df)
 
-    def _ranked(self) -> tuple[np.ndarray, np.ndarray]:
-        """(eligible documents holding a query term, their scores), best first."""
-        assert self.stats is not None, "GlobalBM25Exec sets the statistics first"
-        stats, index = self.stats, self.index
-        parts_docs, parts_scores = [], []
-        norm = K1 * (1 - B + B * index.doc_len / stats.avgdl) if stats.num_docs else None
-        for idf, term in zip(stats.idf(), self.terms, strict=True):
-            docs, tf = index.postings(term)
-            alive = self.eligible[docs]
-            docs, tf = docs[alive], tf[alive]
-            if len(docs):
-                assert norm is not None
-                parts_docs.append(docs)
-                parts_scores.append(idf * tf * (K1 + 1) / (tf + norm[docs]))
-        if not parts_docs:
-            return np.zeros(0, np.int64), np.zeros(0, np.float64)
-        docs = np.concatenate(parts_docs)
-        unique, inverse = np.unique(docs, return_inverse=True)
-        total = np.bincount(inverse, weights=np.concatenate(parts_scores), minlength=len(unique))
-        order = np.lexsort((unique, -total))
-        return unique[order], total[order]
+    def _scored(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of the eligible documents holding a query term, their scores), unordered. Each
+        part contributes its eligible postings; the scores are computed per term over all parts."""
+        stats = self.stats
+        assert stats is not None, "GlobalBM25Exec sets the statistics first"
+        positions_of, scores_of = [], []
+        for i, idf in enumerate(stats.idf()):
+            positions, tfs, lengths = [], [], []
+            for part in self.parts:
+                docs, tf = part.postings(self.terms)[i]
+                if len(docs) == 0:
+                    continue
+                alive = part.eligible[docs]
+                docs = docs[alive]
+                positions.append(docs + np.int64(part.first))
+                tfs.append(tf[alive])
+                lengths.append(part.index.doc_len[docs])
+            if positions and stats.avgdl:  # avgdl 0: no live document holds any term
+                tf = _joined(tfs).astype(np.float64)
+                norm = K1 * (1 - B + B * _joined(lengths) / stats.avgdl)
+                positions_of.append(_joined(positions))
+                scores_of.append(idf * tf * (K1 + 1) / (tf + norm))
+        if len(positions_of) <= 1:
+            return (positions_of[0], scores_of[0]) if positions_of else (np.zeros(0, np.int64), np.zeros(0))
+        unique, inverse = np.unique(np.concatenate(positions_of), return_inverse=True)
+        return unique, np.bincount(inverse, weights=np.concatenate(scores_of), minlength=len(unique))
+
+    def _ranked(self, n: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, scores) of the `n` best eligible documents holding a query term (None: all of
+        them), best first, ties by position."""
+        positions, scores = self._scored()
+        if n is not None and n < len(scores):
+            threshold = np.partition(scores, len(scores) - n)[len(scores) - n]
+            best = scores >= threshold  # the n best and every tie of the n-th
+            positions, scores = positions[best], scores[best]
+        order = np.lexsort((positions, -scores))[:n]
+        return positions[order], scores[order]
 
     def top(self, n: int) -> pa.Table:
-        docs, scores = self._ranked()
+        docs, scores = self._ranked(n if self.post_filter is None else None)
         if self.post_filter is None:
             return pa.table({POSITION: docs[:n], SCORE: scores[:n]})
         needed = sorted(referenced_columns(self.post_filter))
@@ -165,3 +178,8 @@ class Bm25Exec(RankedExec):
 
     def rows(self, positions: np.ndarray) -> pa.Table:
         return self._take(positions, self.schema.names[:-1])
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays one after the other (the array itself when there is one: no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,10 @@ class _Candidates:
 _QUANTIZED_SETS = ImmutableCache(capacity=16)  # int8 matrices of sets of generations, by their identity
 
 
+def _codes_bytes(quantized: Quantized) -> int:
+    return int(quantized.codes.nbytes)
+
+
 class BruteForceKnnExec(KnnExec):
     """Exact nearest live rows of some generations and MemTables, searched as one: each level's rows
     that a newer generation replaces are masked before ranking (`ShadowedLevel`), so `top(n)` is
@@ -93,7 +98,7 @@ class BruteForceKnnExec(KnnExec):
         name = f"{self.column}:{','.join(self.primary_key)}"
 
         def build() -> tuple[Quantized, np.ndarray] | None:
-            quantized = Quantized.of([v.matrix for v in vectors])
+            quantized = self._joined(generations, vectors)
             if quantized is None:
                 return None
             excluded = [sl.excluded(v, self.column) for sl, v in zip(self.levels, vectors, strict=True)]
@@ -101,6 +106,30 @@ class BruteForceKnnExec(KnnExec):
 
         digest = hashlib.sha256(identity.encode()).hexdigest()
         return _QUANTIZED_SETS.get(digest, name, build)
+
+    def _joined(self, generations: list[GenerationLevel], vectors: list[LevelVectors]) -> Quantized | None:
+        """The generations' int8 codes as one matrix, at the largest of their grid scales. Each
+        generation's grid scale, and its codes at a scale, are kept with it (`GENERATIONS`, the codes'
+        bytes declared), so a set that grows by one generation quantizes only that one (all of them
+        again only when the new one needs a larger scale); None when a generation's vectors cannot be
+        quantized."""
+        scales = [
+            level.cached(f"sq8 grid scale:{self.column}", partial(Quantized.grid_scale, v.matrix))
+            if len(v.matrix)
+            else 0.0
+            for level, v in zip(generations, vectors, strict=True)
+        ]
+        if not vectors or any(s is None for s in scales):
+            return None
+        scale = max(s for s in scales if s is not None)
+        if scale == 0.0:
+            return None  # no rows
+        name = f"sq8:{self.column}:{','.join(self.primary_key)}:{scale!r}"
+        parts = [
+            level.cached(name, partial(Quantized.at_scale, [v.matrix], scale), _codes_bytes)
+            for level, v in zip(generations, vectors, strict=True)
+        ]
+        return Quantized.joined(parts)
 
     def _excluded(self, excluded: np.ndarray) -> np.ndarray:
         """`excluded`, plus every row that does not match the filter."""

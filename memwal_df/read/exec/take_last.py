@@ -25,10 +25,12 @@ How each level is read:
   indexed size) is scanned with a key filter instead and the row with the
   largest row address per key is kept.
 * unflushed MemTable: vectorized membership test on the key columns (the copy is newest-per-key).
-* base table with a one-column integer key and at most `MAX_MAPPED_BASE_ROWS` rows: a key map of
-  the pinned base version (sorted keys with each row's fragment and visible offset, 16 bytes per row,
-  built from one scan of the key column the first time that dataset object is looked up in, dropped
-  with it) finds the rows, taken through kept `FragmentSession`s. Absent keys cost no read at all.
+* base table of at most `MAX_INDEXED_BASE_ROWS` rows: the base key index of the pinned version
+  (`memwal_df.read.base_keys`: sorted runs of keys with each live row's address, read whole on the
+  table's first use in the process, then patched from version to version by reading only the
+  fragments each one adds and its new deletion files; the index scans use too) finds the rows, taken
+  through kept `FragmentSession`s by visible offset; the rows taken must carry the keys asked for.
+  Absent keys cost no read at all.
 * any other base table: a scan with `key IN (...)` pushed into Lance, which answers it from a scalar
   index on the key (btree, bitmap) when there is one; the scan stops once every key is found (the
   base holds each key once).
@@ -46,9 +48,11 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import NotFoundError
 from memwal_df.format import pk_index
+from memwal_df.format.storage import Storage
 from memwal_df.read import generation_rows
+from memwal_df.read.base_keys import base_key_index, indexable
 from memwal_df.read.batches import projected_schema
-from memwal_df.read.cache import PerObjectCache, described_indices
+from memwal_df.read.cache import described_indices
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.fragments import fragment_take
 from memwal_df.read.keys import (
@@ -123,8 +127,10 @@ class TakeLastExec(ExecNode):
         keys: pa.Table,
         columns: Sequence[str],
         primary_key: Sequence[str],
+        storage: Storage | None = None,
     ) -> None:
         self.source = source
+        self.storage = storage  # the base table's, for its deletion files (None: Lance reads them)
         self.primary_key = list(primary_key)
         self.keys = keys.select(self.primary_key)
         self.columns = output_columns(columns, self.primary_key)
@@ -232,17 +238,31 @@ class TakeLastExec(ExecNode):
         return last_per_key(table, self.primary_key, order).drop_columns([_ROWADDR])
 
     def _base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
-        key_map = _base_key_map(ds, self.primary_key)
-        if key_map is not None:
-            taken = key_map.take(ds, self.keys.column(0), self.columns)
+        if indexable(ds):
+            taken = self._take_indexed(ds)
             if taken is not None:
-                self.method = "key map"
+                self.method = "key index"
                 if taken.num_rows:
                     self.rows_out += taken.num_rows
                     yield from (b for b in _live(taken).to_batches() if b.num_rows)
                 return
-            self.method = "filtered scan (the key map does not apply to these keys)"
+            self.method = "filtered scan (the key index does not apply to these keys)"
         yield from self._scan_base(ds)
+
+    def _take_indexed(self, ds: lance.LanceDataset) -> pa.Table | None:
+        """The base rows of the keys through the base key index; None when the keys cannot be
+        compared with the index's (another type) or the rows taken do not carry them."""
+        asked = encode_keys(self.keys, self.primary_key)
+        asked = asked.filter(pc.is_valid(asked))
+        index = base_key_index(str(ds.uri), ds, self.storage, self.primary_key)
+        try:
+            taken = index.take(ds, self.storage, asked, self.columns)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+            return None
+        got = encode_keys(taken, self.primary_key)
+        if taken.num_rows and not pc.all(pc.is_in(got, value_set=asked.cast(got.type))).as_py():
+            return None
+        return taken
 
     def _scan_base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
         unfound = encode_keys(self.keys, self.primary_key)
@@ -270,83 +290,12 @@ def _live(rows: pa.Table) -> pa.Table:
     return rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
 
 
-@dataclass(frozen=True)
-class _KeyMap:
-    """Every key of one base version, sorted, with where its row is: the fragment and the row's
-    offset among the fragment's visible rows (what `LanceFragment.take` takes)."""
-
-    column: str
-    keys: np.ndarray
-    fragments: np.ndarray  # fragment id per key
-    offsets: np.ndarray  # visible offset per key
-    key_type: pa.DataType
-
-    @classmethod
-    def build(cls, ds: lance.LanceDataset, column: str) -> _KeyMap:
-        t = ds.to_table(columns=[column], with_row_address=True)
-        address = t.column(_ROWADDR).to_numpy()
-        fragments = (address >> np.uint64(32)).astype(np.uint32)
-        # A row's visible offset: its rank among the visible rows of its fragment, by address.
-        by_address = np.argsort(address, kind="stable")
-        sorted_fragments = fragments[by_address]
-        offsets = np.empty(len(address), np.uint32)  # a fragment has fewer than 2^32 rows
-        offsets[by_address] = np.arange(len(address)) - np.searchsorted(sorted_fragments, sorted_fragments)
-        keys = t.column(column).to_numpy()
-        order = np.argsort(keys, kind="stable")
-        return cls(column, keys[order], fragments[order], offsets[order], t.schema.field(column).type)
-
-    def take(self, ds: lance.LanceDataset, wanted: pa.ChunkedArray, columns: list[str]) -> pa.Table | None:
-        """The rows of the `wanted` keys (NULLs match nothing), `columns` including the key column;
-        None when the keys are not of the map's type or the rows taken are not the rows mapped (then
-        the caller scans)."""
-        if wanted.type != self.key_type:
-            return None
-        probe = pc.drop_null(wanted).to_numpy()
-        if len(self.keys) == 0 or len(probe) == 0:
-            return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
-        pos = np.minimum(np.searchsorted(self.keys, probe), len(self.keys) - 1)
-        hits = np.unique(pos[self.keys[pos] == probe])
-        if len(hits) == 0:
-            return pa.Table.from_batches([], schema=projected_schema(ds.schema, columns))
-        parts = [
-            fragment_take(ds, int(f), np.sort(self.offsets[hits[self.fragments[hits] == f]]), columns)
-            for f in np.unique(self.fragments[hits])
-        ]
-        taken = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        got = np.sort(taken.column(self.column).to_numpy())
-        return taken if np.array_equal(got, self.keys[hits]) else None
-
-
-MAX_MAPPED_BASE_ROWS = 4_000_000
-_NOT_MAPPED = object()
-_base_key_maps: PerObjectCache[lance.LanceDataset, object] = PerObjectCache()
-
-
-def _mappable(ds: lance.LanceDataset, primary_key: Sequence[str]) -> bool:
-    return (
-        len(primary_key) == 1
-        and pa.types.is_integer(ds.schema.field(primary_key[0]).type)
-        and ds.count_rows() <= MAX_MAPPED_BASE_ROWS
-    )
-
-
 def _base_method(ds: lance.LanceDataset, primary_key: Sequence[str]) -> str:
     """How a lookup in this base table runs, as `describe()` names it."""
-    if _mappable(ds, primary_key):
-        return "key map"
+    if indexable(ds):
+        return "key index"
     index = _index_on_key(ds, primary_key)
     return index if index is not None else "filtered scan"
-
-
-def _base_key_map(ds: lance.LanceDataset, primary_key: Sequence[str]) -> _KeyMap | None:
-    """The key map of this base dataset object (a pinned version), built on first use; None when the
-    base is not mapped (see the module docstring)."""
-
-    def build() -> object:
-        return _KeyMap.build(ds, primary_key[0]) if _mappable(ds, primary_key) else _NOT_MAPPED
-
-    found = _base_key_maps.get(ds, build)
-    return found if isinstance(found, _KeyMap) else None
 
 
 def _first_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:

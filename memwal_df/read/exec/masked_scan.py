@@ -1,0 +1,151 @@
+"""MaskedScanExec: the base table's rows in one span, minus the rows newer levels shadow, by row address.
+
+The shadowed rows are known by row address (`BaseShadow`, from the base key index), so the scan is a
+plain Lance scan of the span with the pushed filter, and each batch drops the rows whose address is
+shadowed: no key column is read or compared.
+
+Spans: without a filter a span counts live rows (`live=True`: positions among a fragment's rows its
+deletion file keeps), read with Lance's offset and limit; with a filter it counts physical rows, read
+with a `_rowaddr` range (Lance applies offset and limit after the filter, so live positions cannot
+split a filtered scan). A span that covers whole fragments reads them with neither.
+
+`count(*)` without a filter (no column, no filter) is arithmetic: the live rows of every fragment
+(fragment metadata) minus the shadowed rows (every shadowed address is a live row), answered whole
+by the partition marked `counts_all` while the others answer nothing.
+
+Guarantees: every output row is a live base row of the span, matches the pushed filter, and is not
+shadowed; output columns are exactly `columns` (for none, batches with a row count and no column).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from memwal_df.read.base_keys import ShadowSet, fragment_signatures
+from memwal_df.read.batches import count_batch
+from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.lance_filter import split_for_lance
+from memwal_df.read.predicate import referenced_columns
+from memwal_df.read.spans import BaseSpan
+
+__all__ = ["SCAN_BATCH_ROWS", "MaskedScanExec", "fragment_rows"]
+
+SCAN_BATCH_ROWS = 131_072
+"""Rows per batch read from Lance: DataFusion's Python dataset route costs a fixed amount per batch."""
+
+_ADDR = "_rowaddr"
+
+
+def fragment_rows(base: Any, live: bool) -> dict[int, int]:
+    """Each fragment's live rows (`live`) or physical rows, from its metadata, in fragment id order."""
+    return {
+        fid: sig.physical_rows - sig.deleted_rows if live else sig.physical_rows
+        for fid, sig in fragment_signatures(base).items()
+    }
+
+
+class MaskedScanExec(ExecNode):
+    """Rows of a span of the base table that no newer level shadows."""
+
+    def __init__(
+        self,
+        base: Any,
+        span: BaseSpan,
+        columns: Sequence[str],
+        filter: Any,
+        shadow: Callable[[], ShadowSet],
+        *,
+        live: bool,
+        counts_all: bool,
+        note: str = "",
+    ) -> None:
+        self.base = base
+        self.span = span
+        self.columns = list(columns)
+        self.filter = filter
+        self.shadow = shadow  # computed once per query, shared by the partitions
+        self.live = live
+        self.counts_all = counts_all
+        self.note = note  # why these fragments were chosen, for `explain`
+        self.counted = False  # set when `count(*)` was answered without a scan
+
+    @property
+    def fragment_ids(self) -> list[int]:
+        return list(self.span.fragment_ids)
+
+    def describe(self) -> str:
+        rows = "live rows" if self.live else "rows"
+        line = f"MaskedScanExec: base v{self.base.version} {self.span.describe()} ({rows})"
+        line += " minus rows newer levels shadow"
+        if self.filter is not None:
+            line += f", filter={self.filter}"
+        if self.note:
+            line += f" ({self.note})"
+        return line + (" (counted from metadata)" if self.counted else "")
+
+    def _pieces(self) -> list[tuple[Any, int, int, bool]]:
+        """(fragment, first row, end row, whole fragment) of each fragment the span covers, in the
+        span's coordinates (live or physical rows)."""
+        out = []
+        counts = fragment_rows(self.base, self.live)
+        for fid in self.span.fragment_ids:
+            fragment = self.base.get_fragment(fid)
+            rows = counts[fid]
+            lo = max(self.span.start, fid << 32) - (fid << 32)
+            hi = min(self.span.stop, (fid << 32) | rows) - (fid << 32)
+            if hi > lo:
+                out.append((fragment, lo, hi, lo == 0 and hi == rows))
+        return out
+
+    def _count(self, shadow: ShadowSet) -> int:
+        """The live, unshadowed rows of the whole base version."""
+        live = sum(fragment_rows(self.base, True).values())
+        return live - len(shadow)
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        shadow = self.shadow()
+        if not self.columns and self.filter is None:
+            self.counted = True
+            if self.counts_all and (n := self._count(shadow)):
+                yield count_batch(n)
+            return
+        sql, residual = split_for_lance(self.filter, self.base.schema)
+        needed = list(self.columns)
+        if residual is not None:
+            needed = list(dict.fromkeys([*needed, *sorted(referenced_columns(residual))]))
+        for batch in self._scan(needed, sql, with_addr=bool(len(shadow)) or not needed):
+            if not batch.num_rows:
+                continue
+            if len(shadow):
+                hidden = shadow.hidden(batch.column(_ADDR).to_numpy())
+                if hidden.any():
+                    batch = batch.filter(pa.array(~hidden))
+            if batch.num_rows and residual is not None:
+                batch = batch.filter(residual)
+            if batch.num_rows:
+                yield batch.select(self.columns) if batch.num_columns != len(self.columns) else batch
+
+    def _scan(self, columns: list[str], sql: str | None, with_addr: bool) -> Iterator[pa.RecordBatch]:
+        """The span's rows matching `sql`: whole fragments in one Lance scan, each part of a fragment in
+        its own (by offset and limit in live rows, by `_rowaddr` range in physical rows)."""
+        pieces = self._pieces()
+        whole = [f for f, *_, w in pieces if w]
+        options = {"columns": columns, "with_row_address": with_addr, "batch_size": SCAN_BATCH_ROWS}
+        if whole:
+            yield from self.base.scanner(fragments=whole, filter=sql, **options).to_batches()
+        for fragment, lo, hi, w in pieces:
+            if w:
+                continue
+            if self.live:
+                scanner = self.base.scanner(
+                    fragments=[fragment], filter=sql, offset=lo, limit=hi - lo, **options
+                )
+            else:
+                fid = fragment.fragment_id
+                rows = f"_rowaddr >= {fid << 32 | lo} AND _rowaddr < {fid << 32 | hi}"
+                flt = rows if sql is None else f"({rows}) AND ({sql})"
+                scanner = self.base.scanner(fragments=[fragment], filter=flt, **options)
+            yield from scanner.to_batches()
