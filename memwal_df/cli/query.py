@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 import time
 from typing import Any
@@ -188,6 +189,10 @@ class Shell:
     def run(self) -> int:
         if self.interactive:
             import readline  # noqa: F401 - line editing and history for input()
+
+            # Ctrl-C drops the statement being typed or cancels the one running, also when the shell
+            # was started with SIGINT ignored (a child of a background job inherits that).
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
             print(f"memwal SQL shell; tables: {', '.join(self.tables())}. \\? for help, \\q to quit.")
         buffer: list[str] = []
