@@ -440,8 +440,8 @@ class BaseShadow:
 
 
 class ShadowSet:
-    """The union of disjoint `BaseShadow`s (one per region view, one for MemTable copies): sizes and
-    counts from the parts, membership through one bitmap of them all (built on first probe)."""
+    """The union of disjoint `BaseShadow`s (one per region view, one for MemTable copies): its size
+    from the parts, membership through one bitmap of them all (built on first probe)."""
 
     def __init__(self, parts: Sequence[BaseShadow], mask: Callable[[], _Bitmaps] | None = None) -> None:
         self.parts = list(parts)
@@ -460,9 +460,6 @@ class ShadowSet:
             if self._bits is None:
                 self._bits = self._mask()
         return self._bits.probe(addrs)
-
-    def count_between(self, start: int, stop: int) -> int:
-        return sum(p.count_between(start, stop) for p in self.parts)
 
 
 class _IndexCache:
@@ -484,10 +481,6 @@ class _IndexCache:
         with self._lock:
             found = [i for i in self._items.get(uri, []) if i.version != index.version]
             self._items[uri] = sorted([index, *found], key=lambda i: -i.version)[: self._per_table]
-
-    def forget(self, uri: str) -> None:
-        with self._lock:
-            self._items.pop(uri, None)
 
 
 BASE_KEYS = _IndexCache()

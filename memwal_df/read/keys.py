@@ -28,6 +28,7 @@ __all__ = [
     "KeySet",
     "distinct_keys",
     "encode_keys",
+    "first_positions",
     "key_array",
     "key_filter",
     "last_per_key",
@@ -280,17 +281,27 @@ def distinct_keys(keys: pa.Table, primary_key: Sequence[str]) -> pa.Table:
         keys = keys.filter(valid)
     if keys.num_rows <= 1:
         return keys
-    encoded = encode_keys(keys, primary_key)
-    if pc.count_distinct(encoded).as_py() == keys.num_rows:
-        return keys
-    first = (
-        pa.table({"k": encoded, "pos": pa.array(np.arange(keys.num_rows, dtype=np.int64))})
-        .group_by("k", use_threads=False)
-        .aggregate([("pos", "min")])
-        .column("pos_min")
-        .to_numpy()
-    )
-    return keys.take(pa.array(np.sort(first)))
+    first = first_positions(encode_keys(keys, primary_key))
+    return keys if first is None else keys.take(pa.array(first))
+
+
+def first_positions(keys: pa.Array) -> np.ndarray | None:
+    """Ascending positions of the first occurrence of each key in `keys` (a `key_array`); None when
+    no key repeats."""
+    n = len(keys)
+    if n <= 1:
+        return None
+    if pa.types.is_integer(keys.type):
+        _, first = np.unique(keys.to_numpy(zero_copy_only=False), return_index=True)
+    else:
+        first = (
+            pa.table({"k": keys, "pos": pa.array(np.arange(n, dtype=np.int64))})
+            .group_by("k", use_threads=False)
+            .aggregate([("pos", "min")])
+            .column("pos_min")
+            .to_numpy()
+        )
+    return None if len(first) == n else np.sort(first)
 
 
 def output_columns(columns: Sequence[str], primary_key: Sequence[str]) -> list[str]:

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_df.format.rows import TOMBSTONE
-from memwal_df.read.keys import KeySet, key_array
+from memwal_df.read.keys import KeySet, first_positions, key_array
 from memwal_df.read.levels import GenerationLevel
 
 __all__ = [
@@ -114,30 +114,11 @@ def _newest_first(
     gens = np.concatenate([np.full(t.num_rows, g, np.int64) for t, g in nonempty])
     keys = shape.keys(rows)
     if len(nonempty) > 1:
-        first = _first_per_key(keys)
+        first = first_positions(keys)
         if first is not None:
             index = pa.array(first)
             rows, gens, keys = rows.take(index), gens[first], keys.take(index)
     return rows, gens, keys
-
-
-def _first_per_key(keys: pa.Array) -> np.ndarray | None:
-    """Sorted positions of the first row of each key; None when every key is distinct."""
-    n = len(keys)
-    if pa.types.is_integer(keys.type):
-        values = keys.to_numpy(zero_copy_only=False)
-        _, first = np.unique(values, return_index=True)
-    else:
-        first = (
-            pa.table({"k": keys, "pos": pa.array(np.arange(n, dtype=np.int64))})
-            .group_by("k", use_threads=False)
-            .aggregate([("pos", "min")])
-            .column("pos_min")
-            .to_numpy()
-        )
-    if len(first) == n:
-        return None
-    return np.sort(first)
 
 
 def _read(levels: Sequence[GenerationLevel]) -> tuple[list[pa.Table], list[int], bool]:
@@ -272,11 +253,6 @@ class ViewCache:
     @property
     def nbytes(self) -> int:
         return sum(v.nbytes for views in self._views.values() for v in views)
-
-    def forget(self, table: str) -> None:
-        with self._lock:
-            for key in [k for k in self._views if k[0] == table]:
-                del self._views[key]
 
 
 VIEWS = ViewCache()
