@@ -58,6 +58,7 @@ from memwal_df.read.snapshot import PinnedSnapshot, pin, restore, take_snapshot
 from memwal_df.spark.filters import conjunction, to_expression
 from memwal_df.spark.routing import ROUTE, check_routable
 from memwal_df.spark.staging import RegionStage, StagedJob, stage_batches, stage_schema, write_regions
+from memwal_df.spark.stream_sink import MemWalStreamWriter
 from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
 from memwal_df.table import Table, open_table
 
@@ -104,6 +105,13 @@ class MemWalDataSource(DataSource):
 
     def reader(self, schema: StructType) -> MemWalReader:
         return MemWalReader(TableRef.from_options(self.options), schema, self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MemWalStreamWriter:
+        """`df.writeStream.format("memwal").start(uri)`: every micro-batch upserted (or deleted)
+        with exactly-once effect (`memwal_df.spark.stream_sink`); output mode "append" only."""
+        if overwrite:
+            raise InvalidConfigError('the "memwal" stream sink only upserts: use outputMode("append")')
+        return MemWalStreamWriter(TableRef.from_options(self.options), schema, self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
         if overwrite:
