@@ -95,8 +95,9 @@ def read_in_other_process(uri: str) -> Model:
         "print(json.dumps(mw.MemWalTable(sys.argv[1]).to_table().to_pylist()))"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env, check=True)
-    return {r["id"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
+    run = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    return {r["id"]: r for r in json.loads(run.stdout.strip().splitlines()[-1])}
 
 
 def stream(spark: Any, source: pathlib.Path, uri: str, checkpoint: pathlib.Path, **options: str) -> Any:
