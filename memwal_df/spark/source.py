@@ -24,6 +24,8 @@ columns outside the primary key is refused with `NonKeyRegionColumnError`, see `
 * any other DataFrame is written by `StagedWriter`: each task stages its rows per region and writes
   one region at a time under a per-job region lease (`memwal_df.spark.staging`; options
   `stage_memory_bytes`, `spill_dir`, `lease_ttl_s`).
+
+Streaming write (`df.writeStream.format("memwal").start(uri)`): `memwal_df.spark.stream_sink`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ gone (the job committed or aborted) or a newer attempt of its own partition hold
 otherwise (another task took the lease over after it expired, or a writer outside the job claimed
 the region) it takes the lease again and writes all its rows of the region again — a claim replays
 what it wrote durably, and upserts and deletes are idempotent.
+
+A job type may change how a region's staged rows are written (`StagedJob.write_region`) and stop a
+stale task before each claim (`StagedJob.check_live`): the streaming sink
+(`memwal_df.spark.stream_sink`) does both.
 """
 
 from __future__ import annotations
