@@ -32,6 +32,7 @@ from _workload import NUM_REGIONS
 from pyspark.sql import functions as F
 
 import memwal_df as mw
+from memwal_df.write.table_writer import group_by_region
 
 POLL_S = 0.1
 WARMUP_BATCHES = 3
@@ -108,6 +109,26 @@ def stream_benchmark(spark: Any, root: Path, seconds: float, rate: int, trigger:
 def _iso(micros: int) -> str:
     """Spark's progress timestamp format (UTC), comparable as text."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(micros / 1e6)) + f".{micros // 1000 % 1000:03d}Z"
+
+
+def region_write_costs(root: Path, rows_per_write: int = 250, writes: int = 20) -> dict:
+    """Median ms of the three steps a stream task runs per region, in this process: the claim
+    (`table.region_writer`), a put of `rows_per_write` rows, and the flush and close."""
+    table = mw.create_table(str(root / "costs"), SCHEMA, "id", region_spec=mw.bucket("id", NUM_REGIONS))
+    steps: dict[str, list[float]] = {"claim_ms": [], "put_ms": [], "flush_close_ms": []}
+    for i in range(writes):
+        ids = i * NUM_REGIONS * rows_per_write + np.arange(NUM_REGIONS * rows_per_write)
+        data = pa.table({"id": ids, "entered": ids, "amount": ids * 0.5, "text": ids.astype(str)})
+        values, rows = group_by_region(table.spec, table.schema.field_ids, data.cast(SCHEMA))[0]
+        a = time.perf_counter()
+        writer = table.region_writer(values=values)
+        b = time.perf_counter()
+        writer.put(rows)
+        c = time.perf_counter()
+        writer.close()
+        for name, took in zip(steps, (b - a, c - b, time.perf_counter() - c), strict=True):
+            steps[name].append(took * 1000)
+    return {name: float(np.median(v)) for name, v in steps.items()}
 
 
 def summarize(poller: Poller, progress: list[dict], since_us: int, rate: int) -> dict:

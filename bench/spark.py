@@ -45,7 +45,7 @@ from pathlib import Path
 import datafusion
 import pyarrow as pa
 import pyarrow.compute as pc
-from _spark_stream import stream_benchmark
+from _spark_stream import region_write_costs, stream_benchmark
 from _workload import NUM_REGIONS, git_state, make_workload, scratch_root
 
 import memwal_df as mw
@@ -186,6 +186,7 @@ def stream_main(args: argparse.Namespace) -> int:
         figures = stream_benchmark(
             spark, root, args.stream_seconds, args.stream_rate, args.stream_trigger, args.stream_warmup
         )
+        figures["region_write"] = region_write_costs(root)
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
