@@ -220,9 +220,11 @@ def test_two_queries_into_one_table(spark, tmp_path):
     finally:
         for query in queries:
             query.stop()
-    storage = mw.open_table(uri).storage
-    assert [stream_commits.batches(storage, q.id) for q in queries] == [[0, 1], [0, 1]]
-    assert storage.list_dir(f"{layout.WRITE_LEASE_DIR}/streams") != []  # the shared region leases
+    table = mw.open_table(uri)
+    assert [stream_commits.batches(table.storage, q.id) for q in queries] == [[0, 1], [0, 1]]
+    assert table.storage.list_dir(f"{layout.WRITE_LEASE_DIR}/streams") != []  # the shared region leases
+    # one claim per generation: the queries' tasks took turns on regions, none was fenced
+    assert all(r.writer_epoch == len(r.flushed_generations) for r in table.status()["regions"])
 
 
 def failure(query: Any) -> str:
