@@ -36,6 +36,7 @@ predecessor's leases over at once.
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -102,7 +103,8 @@ class StreamBatch(StagedJob):
     def write_region(self, writer: TableWriter, stage: RegionStage, region: uuid.UUID) -> None:
         """Write the newest staged row per key of `region`: upserts, then deletes (disjoint keys)."""
         ts = writer.table.schema
-        rows = newest_per_key(pa.concat_tables(stage.chunks(region, 1 << 62)), ts.primary_key, self.order_by)
+        staged = pa.concat_tables(stage.chunks(region, max_rows=sys.maxsize))  # all of them
+        rows = newest_per_key(staged, ts.primary_key, self.order_by)
         deleted = rows.column(DELETE)
         puts = rows.filter(pc.invert(deleted)).select(ts.schema.names)
         if puts.num_rows:
@@ -150,7 +152,7 @@ def stage_stream(
         for deleted in (False, True):
             where = np.flatnonzero(flags == deleted)
             if len(where):
-                picked = data.take(pa.array(where))
+                picked = data if len(where) == data.num_rows else data.take(pa.array(where))
                 rows = _tombstones(table, picked) if deleted else _upserts(table, picked, job)
                 extra = [pa.array(np.full(len(where), deleted)), pa.array(where + start)]
                 if order is not None:
@@ -191,7 +193,8 @@ def _tombstones(table: Table, data: pa.Table) -> pa.Table:
 
 @dataclass(frozen=True)
 class StreamReport(WriterCommitMessage):
-    """What one task of a micro-batch did: rows written per region (id -> epoch), or skipped."""
+    """What one task of a micro-batch did: the regions it wrote (id -> the epoch it wrote with) and
+    its rows, or that it skipped the batch (the table had recorded it)."""
 
     query: str
     batch: int
