@@ -197,6 +197,21 @@ def test_a_restarted_query_skips_the_batch_the_table_committed(spark, tmp_path):
     assert again.recentProgress[0]["numInputRows"] == 300
     assert stored(uri) == model
 
+    # A batch that did not commit (the driver died before the sink's commit) is written again: the
+    # table ends as a clean run would, the other writer's newer row overwritten (at-least-once).
+    for name in ("1", ".1.crc"):
+        (checkpoint / "commits" / name).unlink()
+    storage = mw.open_table(uri).storage
+    storage.delete(f"{layout.stream_dir(first.id)}/{1:020d}.json")
+    third = stream(spark, source, uri, checkpoint).trigger(availableNow=True).start(uri)
+    third.awaitTermination()
+    assert [p["batchId"] for p in third.recentProgress] == [1]
+    clean: Model = {}
+    for step in range(2):
+        apply(clean, pq.read_table(source / f"{step}.parquet"))
+    assert stored(uri) == clean
+    assert stream_commits.batches(storage, first.id) == [0, 1]
+
 
 def test_two_queries_into_one_table(spark, tmp_path):
     """Two queries write disjoint keys (even / odd ids) of the same regions at the same time."""
