@@ -75,6 +75,14 @@ def events(rng: np.random.Generator, n: int, keys: int, step: int, parity: int |
     )
 
 
+def publish(batch: pa.Table, path: pathlib.Path) -> None:
+    """Write `batch` to `path` atomically: a running query never lists a half-written file (Spark's
+    file source skips names starting with a dot)."""
+    hidden = path.with_name(f".{path.name}")
+    pq.write_table(batch, hidden)
+    hidden.rename(path)
+
+
 def apply(model: Model, batch: pa.Table) -> None:
     """The sink's contract for one micro-batch of one partition: per key the greatest `seq` wins."""
     for row in sorted(batch.to_pylist(), key=lambda r: r["seq"]):
@@ -125,7 +133,7 @@ def test_micro_batches_equal_the_model_after_every_batch(spark, tmp_path):
     try:
         for step in range(4):
             batch = events(rng, 400, 300, step)
-            pq.write_table(batch, source / f"{step}.parquet")
+            publish(batch, source / f"{step}.parquet")
             query.processAllAvailable()
             apply(model, batch)
             assert stored(uri) == model
@@ -150,7 +158,7 @@ def test_a_task_that_fails_once_is_retried_without_loss(spark, tmp_path):
     rng, model = np.random.default_rng(7), {}
     for step in range(2):
         batch = events(rng, 300, 200, step)
-        pq.write_table(batch, source / f"{step}.parquet")
+        publish(batch, source / f"{step}.parquet")
         apply(model, batch)
     df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).parquet(str(source))
     query = (
@@ -177,7 +185,7 @@ def test_a_restarted_query_skips_the_batch_the_table_committed(spark, tmp_path):
     rng, model = np.random.default_rng(9), {}
     for step in range(2):
         batch = events(rng, 300, 200, step)
-        pq.write_table(batch, source / f"{step}.parquet")
+        publish(batch, source / f"{step}.parquet")
         apply(model, batch)
     first = stream(spark, source, uri, checkpoint).trigger(availableNow=True).start(uri)
     first.awaitTermination()
@@ -227,7 +235,7 @@ def test_two_queries_into_one_table(spark, tmp_path):
         for step in range(2):
             for parity, source in enumerate(sources):
                 batch = events(rng, 300, 400, step, parity)
-                pq.write_table(batch, source / f"{step}.parquet")
+                publish(batch, source / f"{step}.parquet")
                 apply(model, batch)
             for query in queries:
                 query.processAllAvailable()
@@ -253,7 +261,7 @@ def test_bad_input_is_refused_with_typed_errors(spark, tmp_path):
     source.mkdir()
     batch = events(np.random.default_rng(1), 50, 40, 0)
     bad_flag = batch.set_column(3, "deleted", pa.array([None] * 50, pa.bool_()))
-    pq.write_table(bad_flag, source / "0.parquet")
+    publish(bad_flag, source / "0.parquet")
     query = stream(spark, source, uri, tmp_path / "c1").trigger(availableNow=True).start(uri)
     assert "NullDeleteFlagError" in failure(query)
     query = stream(spark, source, uri, tmp_path / "c2", delete_column="").start(uri)
