@@ -210,3 +210,8 @@ def _rebuild(cls: type[MemWalError], args: tuple[object, ...]) -> MemWalError:
         if "path" in inspect.signature(cls.__init__).parameters and args:
             err.path = str(args[0]).rsplit(": ", 1)[-1]  # type: ignore[attr-defined]
         return err
+
+
+class NullDeleteFlagError(MemWalError, ValueError):
+    """A row of a stream written with a `delete_column` has NULL there: it is neither an upsert nor
+    a delete."""

@@ -24,6 +24,8 @@ columns outside the primary key is refused with `NonKeyRegionColumnError`, see `
 * any other DataFrame is written by `StagedWriter`: each task stages its rows per region and writes
   one region at a time under a per-job region lease (`memwal_df.spark.staging`; options
   `stage_memory_bytes`, `spill_dir`, `lease_ttl_s`).
+
+Streaming write (`df.writeStream.format("memwal").start(uri)`): `memwal_df.spark.stream_sink`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from memwal_df.read.snapshot import PinnedSnapshot, pin, restore, take_snapshot
 from memwal_df.spark.filters import conjunction, to_expression
 from memwal_df.spark.routing import ROUTE, check_routable
 from memwal_df.spark.staging import RegionStage, StagedJob, stage_batches, stage_schema, write_regions
+from memwal_df.spark.stream_sink import MemWalStreamWriter
 from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
 from memwal_df.table import Table, open_table
 
@@ -104,6 +107,13 @@ class MemWalDataSource(DataSource):
 
     def reader(self, schema: StructType) -> MemWalReader:
         return MemWalReader(TableRef.from_options(self.options), schema, self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MemWalStreamWriter:
+        """`df.writeStream.format("memwal").start(uri)`: every micro-batch upserted (or deleted)
+        with exactly-once effect (`memwal_df.spark.stream_sink`); output mode "append" only."""
+        if overwrite:
+            raise InvalidConfigError('the "memwal" stream sink only upserts: use outputMode("append")')
+        return MemWalStreamWriter(TableRef.from_options(self.options), schema, self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
         if overwrite:
