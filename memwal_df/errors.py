@@ -210,3 +210,22 @@ def _rebuild(cls: type[MemWalError], args: tuple[object, ...]) -> MemWalError:
         if "path" in inspect.signature(cls.__init__).parameters and args:
             err.path = str(args[0]).rsplit(": ", 1)[-1]  # type: ignore[attr-defined]
         return err
+
+
+class ChangesExpiredError(MemWalError):
+    """A change-feed read whose start offset needs changes that garbage collection removed: the
+    generations holding them are gone (`region`: the region, `offset`: the (generation, position)
+    asked for, `first_retained`: its oldest generation still held). Register the consumer
+    (`Table.register_consumer`) so that GC keeps what it has not read."""
+
+    def __init__(
+        self,
+        message: str,
+        region: uuid.UUID | None = None,
+        offset: tuple[int, int] | None = None,
+        first_retained: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.region = region
+        self.offset = offset
+        self.first_retained = first_retained
