@@ -81,10 +81,11 @@ def _position(value: Any) -> Position:
     """(generation, position) from `{"generation": g, "position": p}`."""
     if isinstance(value, Mapping) and set(value) == {"generation", "position"}:
         g, p = value["generation"], value["position"]
-        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (g, p)):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (g, p)) and g >= 1 and p >= 0:
             return g, p
     raise InvalidArgumentError(
-        f'a change offset must be {{"generation": g, "position": p}} with integers >= 0, got {value!r}'
+        f'a change offset must be {{"generation": g, "position": p}}, integers g >= 1 and p >= 0, '
+        f"got {value!r}"
     )
 
 
