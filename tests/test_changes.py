@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 import uuid
 from datetime import timedelta
@@ -20,7 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.jobs import Workload, cleanup, create, flushed_generations
 
-from memwal_df.errors import ChangesExpiredError, InvalidArgumentError, InvalidConfigError
+from memwal_df.errors import (
+    ChangesExpiredError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    MissingGenerationError,
+)
 from memwal_df.format import consumers
 from memwal_df.format.consumers import ChangeOffsets
 from memwal_df.table import Table
@@ -169,6 +175,14 @@ def test_offsets_gc_removed_raise_and_other_reads_carry_on(tmp_path):
     assert {g for _, g, _ in ids(after)} == {3}
     assert ids(table.changes("earliest").read_all()) == ids(after)
     assert table.changes("latest").read_all().num_rows == 0
+
+
+def test_a_listed_generation_that_is_gone_is_damage_not_expiry(tmp_path):
+    table, _ = written(tmp_path, generations=1)
+    ((_, path),) = flushed_generations(table, table.region_ids()[0])
+    shutil.rmtree(tmp_path / "t" / path)
+    with pytest.raises(MissingGenerationError):
+        table.changes().read_all()
 
 
 def test_registered_consumers_pin_generations_until_they_expire(tmp_path):

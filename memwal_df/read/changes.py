@@ -56,6 +56,7 @@ from memwal_df.format.table_handle import TableHandle
 from memwal_df.pools import shared_pool
 
 CHANGE_TYPE, REGION, GENERATION, POSITION = "_change_type", "_region", "_generation", "_position"
+CHANGE_COLUMNS = (CHANGE_TYPE, REGION, GENERATION, POSITION)
 UPSERT, DELETE = "upsert", "delete"
 EARLIEST, LATEST = "earliest", "latest"
 Since = ChangeOffsets | Mapping[str, Any] | str
@@ -75,6 +76,11 @@ def feed_columns(schema: pa.Schema, primary_key: Sequence[str], columns: Sequenc
         raise InvalidArgumentError(f"the table has no columns {unknown}")
     wanted = set(columns) | set(primary_key)
     return [n for n in schema.names if n in wanted]
+
+
+def table_columns(schema: pa.Schema) -> list[str]:
+    """The table columns of a `change_schema`."""
+    return schema.names[: -len(CHANGE_COLUMNS)]
 
 
 def change_schema(schema: pa.Schema, columns: Sequence[str] | None = None) -> pa.Schema:
@@ -248,7 +254,7 @@ def _generation(
     offset after the generation's last batch can say the generation was read whole."""
     held: tuple[pa.RecordBatch, Position] | None = None
     seen = 0
-    for batch in _scan(storage, region_id, g, path, schema.names[:-4]):
+    for batch in _scan(storage, region_id, g, path, table_columns(schema)):
         first, seen = seen, seen + batch.num_rows
         a, z = max(lo, first), seen if hi is None else min(hi, seen)
         if z > a:
@@ -271,11 +277,17 @@ def _scan(
         yield from ds.to_batches(columns=[*columns, TOMBSTONE])
     except (ValueError, OSError) as e:
         name = f"generation {g} of region {region_id}"
-        if storage.list(path):
-            raise MissingGenerationError(f"{name} exists but cannot be read: {path} ({e})") from e
+        if storage.list(path) or _listed(storage, region_id, g):  # damaged, not collected
+            raise MissingGenerationError(f"{name} cannot be read: {path} ({e})") from e
         raise ChangesExpiredError(
             f"{name} was garbage-collected while the change feed read it", region_id, (g, 0)
         ) from e
+
+
+def _listed(storage: Storage, region_id: uuid.UUID, g: int) -> bool:
+    """Whether the region's latest manifest lists generation `g` (GC unlists before it deletes)."""
+    m = RegionManifestStore(storage, region_id).latest()
+    return m is not None and any(s.generation == g for s in m.sstables)
 
 
 def _changes(
@@ -290,7 +302,7 @@ def _changes(
         pa.array(np.full(n, g, dtype=np.int64)),
         pa.array(np.arange(first, first + n, dtype=np.int64)),
     ]
-    columns = [rows.column(name) for name in schema.names[:-4]]
+    columns = [rows.column(name) for name in table_columns(schema)]
     return pa.RecordBatch.from_arrays([*columns, *change], schema=schema)
 
 
@@ -355,12 +367,12 @@ def open_feed(
     start (so GC keeps its changes from now on). `ChangesExpiredError` if GC removed changes the
     start needs."""
     regions = region_changes(table)
+    known = None if consumer is None else read_consumer(table.storage, consumer)
     if since is None:
-        known = read_consumer(table.storage, consumer) if consumer is not None else None
         since = EARLIEST if known is None else known.offsets
     start = resolve(since, regions)
     check_retained(start, regions)
-    if consumer is not None and read_consumer(table.storage, consumer) is None:
+    if consumer is not None and known is None:
         commit_offsets(table.storage, consumer, start)
     stop = None if until is None or until == LATEST else ChangeOffsets.parse(until)
     end = end_offsets(start, regions, stop, max_generations)
