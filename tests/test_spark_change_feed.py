@@ -1,7 +1,8 @@
 """The change feed in Spark (`memwal_df.spark.change_feed`), on one local session: a streaming
 query replays the feed into a second table that ends equal to the first, across restarts from its
-checkpoint (availableNow, a processing-time trigger with writes while it runs, generation limits per
-trigger) with every change applied exactly once; a registered consumer's offsets follow the query;
+checkpoint (availableNow, a micro-batch that failed before its sink applied it, a processing-time
+trigger with writes while it runs, generation limits per trigger) with every change applied exactly
+once; a registered consumer's offsets follow the query;
 batch reads with `changes_since` / `changes_until`; `startingOffsets` = latest. Run with
 `make test-spark` (`pytest -m spark`)."""
 
@@ -22,6 +23,8 @@ import memwal_df as mw
 from memwal_df.errors import ChangesExpiredError
 
 pytest.importorskip("pyspark")
+
+from pyspark.errors import StreamingQueryException  # noqa: E402
 
 from memwal_df import spark as mws  # noqa: E402
 
@@ -70,8 +73,12 @@ def test_a_stream_replays_the_feed_into_a_second_table_across_restarts(spark, tm
     work = Workload(source, seed=7, base=BASE)
     generations(source, work, 2)
     seen: list[tuple[Any, ...]] = []
+    fail_next = [False]
 
     def each_batch(df: Any, batch_id: int) -> None:
+        if fail_next[0]:
+            fail_next[0] = False
+            raise RuntimeError("the sink failed before applying the micro-batch")
         changes = df.toArrow()
         seen.extend(identities(changes))
         apply_changes(replica, changes)
@@ -93,7 +100,11 @@ def test_a_stream_replays_the_feed_into_a_second_table_across_restarts(spark, tm
     query({"availableNow": True}, startingOffsets="earliest").awaitTermination()
     check()
 
-    generations(source, work, 1)  # written between runs: the restart reads exactly these
+    generations(source, work, 1)
+    fail_next[0] = True  # the micro-batch is planned (in the checkpoint), never committed
+    with pytest.raises(StreamingQueryException):
+        query({"availableNow": True}).awaitTermination()
+    generations(source, work, 1)  # written between runs: the restart re-runs the failed batch, then these
     running = query({"processingTime": "500 milliseconds"})
     running.processAllAvailable()
     generations(source, work, 2)  # written while the query runs
