@@ -15,6 +15,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ from memwal_df.errors import (
 )
 from memwal_df.format import consumers
 from memwal_df.format.consumers import ChangeOffsets
+from memwal_df.read.changes import net_changes
 from memwal_df.table import Table
 
 ZERO = timedelta(0)
@@ -84,13 +86,20 @@ def test_the_feed_applied_in_order_equals_the_table(tmp_path_factory, ops, seed)
     table = create(str(tmp_path_factory.mktemp("feed") / "t"), None, regions=2, base=BASE)
     work = Workload(table, seed, base=BASE)
     copy = dict(work.model)  # the initial rows are no changes: a replica starts from them
+    net = dict(work.model)  # the same, from `net_changes` of each read, its rows shuffled
     seen: list[Change] = []
     table.register_consumer("replica")
+    shuffle = np.random.default_rng(seed).permutation
 
     def read() -> None:
         feed = table.changes(consumer="replica")
-        seen.extend(apply(copy, feed.read_all()))
+        changes = feed.read_all()
+        seen.extend(apply(copy, changes))
         feed.commit()
+        upserts, deletes = net_changes(changes.take(shuffle(changes.num_rows)), ["id"])
+        for key in deletes.column("id").to_pylist():
+            net.pop(key, None)
+        net.update((r["id"], r) for r in upserts.to_pylist())
 
     with table.writer() as w:
         for op in ops:
@@ -106,7 +115,7 @@ def test_the_feed_applied_in_order_equals_the_table(tmp_path_factory, ops, seed)
             else:
                 read()
     read()  # closing the writer flushed the rest
-    assert copy == work.model
+    assert copy == net == work.model
     assert len(seen) == len(set(seen))  # no change applied twice
 
 

@@ -12,15 +12,14 @@ import json
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from support.jobs import Workload, cleanup, create
 from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.errors import ChangesExpiredError
+from memwal_df.read.changes import net_changes
 
 pytest.importorskip("pyspark")
 
@@ -47,17 +46,11 @@ def identities(changes: pa.Table) -> list[tuple[Any, ...]]:
 
 
 def apply_changes(target: mw.Table, changes: pa.Table) -> None:
-    """Apply a micro-batch of changes to `target`: per key its last change in feed order."""
-    if changes.num_rows == 0:
-        return
-    ordered = changes.sort_by(ORDER)
-    ordered = ordered.append_column("_i", pa.array(np.arange(ordered.num_rows)))
-    last = ordered.group_by("id", use_threads=False).aggregate([("_i", "max")]).column("_i_max")
-    newest = ordered.take(pa.array(np.sort(last.to_numpy())))
-    kind = newest.column("_change_type")
+    """Apply a micro-batch of changes to `target`."""
+    upserts, deletes = net_changes(changes, ["id"])
     with target.writer() as w:
-        w.put(newest.filter(pc.equal(kind, "upsert")).select(["id", "v"]))
-        w.delete(newest.filter(pc.equal(kind, "delete")).select(["id"]))
+        w.put(upserts)
+        w.delete(deletes)
 
 
 def generations(table: mw.Table, work: Workload, count: int) -> None:

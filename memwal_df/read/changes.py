@@ -54,6 +54,7 @@ from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.pools import shared_pool
+from memwal_df.read.keys import last_per_key
 
 CHANGE_TYPE, REGION, GENERATION, POSITION = "_change_type", "_region", "_generation", "_position"
 CHANGE_COLUMNS = (CHANGE_TYPE, REGION, GENERATION, POSITION)
@@ -95,6 +96,17 @@ def change_schema(schema: pa.Schema, columns: Sequence[str] | None = None) -> pa
             pa.field(POSITION, pa.int64(), nullable=False),
         ]
     )
+
+
+def net_changes(changes: pa.Table, primary_key: Sequence[str]) -> tuple[pa.Table, pa.Table]:
+    """What applying `changes` (feed rows, in any order) to a copy of the table comes to: the rows to
+    upsert (the table columns) and the keys to delete, from each key's last change in
+    (`_generation`, `_position`) order (a key's changes are all in its region)."""
+    ordered = changes.sort_by([(GENERATION, "ascending"), (POSITION, "ascending")])
+    last = last_per_key(ordered, primary_key)
+    deleted = pc.equal(last.column(CHANGE_TYPE), DELETE)
+    columns = [n for n in last.column_names if n not in CHANGE_COLUMNS]
+    return last.filter(pc.invert(deleted)).select(columns), last.filter(deleted).select(list(primary_key))
 
 
 # ------------------------------------------------------------------------------ what regions offer
