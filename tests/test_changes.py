@@ -3,7 +3,7 @@
 a copy of the initial rows ends equal to a dict model of every write, under random writes, flushes,
 merges and GC; resuming from any offset yields the rest exactly once; offsets whose changes GC
 removed raise `ChangesExpiredError`; registered consumers pin generations through GC until their
-expiry passes."""
+expiry passes (locally and on the moto S3 server)."""
 
 from __future__ import annotations
 
@@ -194,8 +194,8 @@ def test_a_listed_generation_that_is_gone_is_damage_not_expiry(tmp_path):
         table.changes().read_all()
 
 
-def test_registered_consumers_pin_generations_until_they_expire(tmp_path):
-    table = create(str(tmp_path / "t"), None, regions=2, base=BASE)
+def test_registered_consumers_pin_generations_until_they_expire(table_uri, table_storage_options):
+    table = create(table_uri, table_storage_options, regions=2, base=BASE)
     table.register_consumer("slow")
     table.register_consumer("fast", expiry=timedelta(hours=1))
     work = Workload(table, 5, base=BASE)
