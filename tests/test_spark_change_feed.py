@@ -156,6 +156,10 @@ def test_batch_reads_of_the_feed_and_latest_streams(spark, tmp_path):
     stream.stop()
     assert sorted(seen) == identities(table.changes(latest).read_all()) != []
 
+    plain = spark.readStream.format("memwal").load(table.uri).writeStream.format("noop")
+    with pytest.raises(Exception, match="reads the change feed"):  # no change option: refused
+        plain.option("checkpointLocation", str(tmp_path / "plain")).start().awaitTermination(60)
+
     table.merge()
     cleanup(table)
     table.gc(grace=timedelta(0))
