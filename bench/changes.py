@@ -12,7 +12,10 @@ rows / batch / flush-every generations per region. Then, each median of `--repea
 * one more flush: one `--batch`-row put and a flush, then the read of just those changes from the
   offsets before them;
 * with `--spark`: `spark.read.format("memwal").option("changes_since", "earliest")` into Spark's
-  no-op sink on `local[2]` (one warm-up read first).
+  no-op sink on `local[2]` (one warm-up read first); then a streaming query of the feed
+  (`--trigger-ms` processing-time trigger, `foreachBatch`) and `--stream-flushes` times one
+  `--batch`-row put and a flush: the seconds from the put's start until the query received every
+  generation of that flush, p50 and p99.
 
 No timing is asserted: the script reports.
 
@@ -58,11 +61,8 @@ def build(uri: str, args: argparse.Namespace) -> tuple[mw.Table, Any]:
     return table, work
 
 
-def spark_read(uri: str, repeat: int) -> float:
+def spark_read(spark: Any, uri: str, repeat: int) -> float:
     """Median seconds of Spark reading every change into its no-op sink (after one warm-up read)."""
-    from memwal_df import spark as mws
-
-    spark = mws.session(master="local[2]")
 
     def read() -> int:
         changes = spark.read.format("memwal").option("changes_since", "earliest").load(uri)
@@ -71,8 +71,48 @@ def spark_read(uri: str, repeat: int) -> float:
 
     read()  # Python workers started, JVM warm
     seconds, _ = timed(read, repeat)
-    spark.stop()
     return seconds
+
+
+def spark_stream_latency(
+    spark: Any, table: mw.Table, batches: list[Any], trigger_ms: int, checkpoint: str
+) -> list[float]:
+    """Seconds from each put's start (a put of one batch, then a flush) until a streaming query of
+    the feed (`startingOffsets` latest, a `trigger_ms` processing-time trigger, `foreachBatch`) has
+    received every generation that flush made."""
+    arrived: dict[tuple[str, int], float] = {}
+
+    def each_batch(df: Any, _: int) -> None:
+        now = time.perf_counter()
+        for row in df.select("_region", "_generation").distinct().collect():
+            arrived.setdefault((row[0], row[1]), now)
+
+    stream = spark.readStream.format("memwal").option("startingOffsets", "latest").load(table.uri)
+    query = (
+        stream.writeStream.foreachBatch(each_batch)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{trigger_ms} milliseconds")
+        .start()
+    )
+    query.processAllAvailable()
+    latencies = []
+    for batch in batches:
+        before = table.changes("latest").start
+        t0 = time.perf_counter()
+        with table.writer() as w:  # closing flushes
+            w.put(batch)
+        after = table.changes("latest").start
+        new = {(str(r), g) for r, (end, _) in after.regions.items() for g in range(before.of(r)[0], end)}
+        while not new <= arrived.keys():
+            time.sleep(0.005)
+        latencies.append(max(arrived[k] for k in new) - t0)
+    query.stop()
+    return latencies
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:
@@ -85,6 +125,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="base 10k, 20k upserts")
     parser.add_argument("--spark", action="store_true", help="also read the feed through Spark")
+    parser.add_argument("--stream-flushes", type=int, default=20, help="--spark: flushes timed")
+    parser.add_argument("--trigger-ms", type=int, default=500, help="--spark: the stream's trigger")
     parser.add_argument("--dir", help="where the table goes (default bench/results/)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
@@ -121,9 +163,21 @@ def run(uri: str, args: argparse.Namespace) -> dict[str, Any]:
     seconds, rows = timed(lambda: table.changes(latest).read_all().num_rows, args.repeat)
     figures.update(one_flush_rows=rows, one_flush_read_ms=round(seconds * 1000, 1))
     if args.spark:
-        seconds = spark_read(uri, args.repeat)
+        from memwal_df import spark as mws
+
+        spark = mws.session(master="local[2]")
+        seconds = spark_read(spark, uri, args.repeat)
         rows = table.changes().read_all().num_rows
         figures.update(spark_read_s=round(seconds, 2), spark_rows_per_s=round(rows / seconds))
+        batches = [work.batches[i % len(work.batches)] for i in range(args.stream_flushes)]
+        seen = spark_stream_latency(spark, table, batches, args.trigger_ms, uri + "-checkpoint")
+        figures.update(
+            stream_trigger_ms=args.trigger_ms,
+            stream_flushes=len(seen),
+            stream_latency_p50_ms=round(percentile(seen, 0.5) * 1000),
+            stream_latency_p99_ms=round(percentile(seen, 0.99) * 1000),
+        )
+        spark.stop()
     return figures
 
 
