@@ -2,7 +2,8 @@
 (`memwal_df.format.consumers`): the feed applied in (`_region`, `_generation`, `_position`) order to
 a copy of the initial rows ends equal to a dict model of every write, under random writes, flushes,
 merges and GC; resuming from any offset yields the rest exactly once; offsets whose changes GC
-removed raise `ChangesExpiredError`; registered consumers pin generations through GC until their
+removed raise `ChangesExpiredError`; a generation Lance's own writer made (duplicates hidden by a
+deletion vector) reads as its visible rows; registered consumers pin generations through GC until their
 expiry passes (locally and on the moto S3 server)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -31,7 +33,7 @@ from memwal_df.errors import (
 from memwal_df.format import consumers
 from memwal_df.format.consumers import ChangeOffsets
 from memwal_df.read.changes import net_changes
-from memwal_df.table import Table
+from memwal_df.table import Table, create_table
 
 ZERO = timedelta(0)
 BASE = 50
@@ -184,6 +186,25 @@ def test_offsets_gc_removed_raise_and_other_reads_carry_on(tmp_path):
     assert {g for _, g, _ in ids(after)} == {3}
     assert ids(table.changes("earliest").read_all()) == ids(after)
     assert table.changes("latest").read_all().num_rows == 0
+
+
+def test_a_generation_lances_writer_made_reads_as_its_visible_rows(tmp_path):
+    base = pa.table({"id": pa.array([100], pa.int64()), "v": ["base"]})
+    table = create_table(str(tmp_path / "t"), base, "id")
+    native = lance.dataset(table.uri).mem_wal_writer(str(uuid.uuid4()))
+    native.put(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a1", "a2", "a3"]}))
+    native.put(pa.table({"id": pa.array([2, 3, 30], pa.int64()), "v": ["b2", "b3", "b30"]}))
+    native.delete(pa.table({"id": pa.array([3], pa.int64())}))
+    native.close()  # one generation of 7 rows, older duplicates hidden by a deletion vector
+    changes = table.changes().read_all()
+    assert changes.select(["id", "v", "_change_type", "_generation", "_position"]).to_pylist() == [
+        {"id": 1, "v": "a1", "_change_type": "upsert", "_generation": 1, "_position": 0},
+        {"id": 2, "v": "b2", "_change_type": "upsert", "_generation": 1, "_position": 1},
+        {"id": 30, "v": "b30", "_change_type": "upsert", "_generation": 1, "_position": 2},
+        {"id": 3, "v": None, "_change_type": "delete", "_generation": 1, "_position": 3},
+    ]
+    rest = table.changes({changes["_region"][0].as_py(): {"generation": 1, "position": 2}}).read_all()
+    assert rest["id"].to_pylist() == [30, 3]
 
 
 def test_a_listed_generation_that_is_gone_is_damage_not_expiry(tmp_path):
