@@ -30,7 +30,7 @@ from memwal_df.errors import (
     InvalidConfigError,
     MissingGenerationError,
 )
-from memwal_df.format import consumers
+from memwal_df.format import consumers, layout
 from memwal_df.format.consumers import ChangeOffsets
 from memwal_df.read.changes import net_changes
 from memwal_df.table import Table, create_table
@@ -270,6 +270,10 @@ def test_bad_arguments_raise_typed_errors_and_change_nothing(tmp_path):
     with pytest.raises(InvalidConfigError):
         table.register_consumer("x", expiry=ZERO)
     assert table.consumers() == []
+    table.storage.put(layout.consumer_path("broken"), b'{"consumer_id": "broken", "expiry_s": 1e400}')
+    assert table.consumers() == [] and table.gc(grace=ZERO).removed == 0  # GC reads past it
+    with pytest.raises(InvalidConfigError):
+        table.changes(consumer="broken")
     only_keys = table.changes(columns=[]).read_all()
     assert only_keys.column_names == ["id", "_change_type", "_region", "_generation", "_position"]
     assert only_keys.num_rows == table.changes().read_all().num_rows

@@ -124,7 +124,7 @@ class Consumer:
                 float(raw["committed_at"]),
                 timedelta(seconds=float(raw["expiry_s"])),
             )
-        except (ValueError, KeyError, TypeError) as e:  # InvalidArgumentError is a ValueError
+        except (ValueError, KeyError, TypeError, OverflowError) as e:  # InvalidArgumentError: a ValueError
             raise InvalidConfigError(f"a change-feed consumer record cannot be decoded: {e}") from None
 
 
