@@ -6,6 +6,7 @@ bad input refused with typed errors. Run with `make test-spark` (`pytest -m spar
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -274,3 +275,11 @@ def test_bad_input_is_refused_with_typed_errors(spark, tmp_path):
     query = query.option("checkpointLocation", str(tmp_path / "c4")).start(uri)
     assert "only upserts" in failure(query)  # complete mode asks the sink to overwrite
     assert stored(uri) == {}
+
+
+def test_the_streaming_example_runs_and_checks_itself(spark, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("spark_streaming", ROOT / "examples" / "spark_streaming.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(str(tmp_path / "stream"), spark) == 0
+    assert "table == mirror == model: OK" in capsys.readouterr().out
