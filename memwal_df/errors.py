@@ -210,3 +210,17 @@ def _rebuild(cls: type[MemWalError], args: tuple[object, ...]) -> MemWalError:
         if "path" in inspect.signature(cls.__init__).parameters and args:
             err.path = str(args[0]).rsplit(": ", 1)[-1]  # type: ignore[attr-defined]
         return err
+
+
+class InvalidConditionError(InvalidArgumentError):
+    """A conditional write's condition that cannot be evaluated: `if_match` on an unknown or key
+    column, or with expected values of another type or count than the rows."""
+
+
+class MissingValueError(SchemaMismatchError):
+    """A partial write that would create a row (its key has no live row) without a value for a
+    non-nullable column it does not carry. `columns` names them; nothing of the write is applied."""
+
+    def __init__(self, message: str, columns: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.columns = columns

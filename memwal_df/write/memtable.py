@@ -142,11 +142,17 @@ class MemTable:
         return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
 
     def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
-        """The newest rows (tombstones included) of the given keys that this MemTable holds."""
-        newest = self.newest()
+        """The newest rows (tombstones included) of the given keys that this MemTable holds, in
+        forward write order: one hash probe of the newest rows' keys (kept between writes), then a
+        take of the rows found."""
+        positions = self._newest_positions()
+        held = self._newest_cache[3]
+        if held is None:
+            return self.schema.empty_table()
         asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
-        held = [newest.column(name).combine_chunks() for name in self.primary_key]
-        return newest.filter(pc.is_in(pk_index_key(held), value_set=pk_index_key(asked)))
+        hit = pc.is_in(held, value_set=pk_index_key(asked)).to_numpy(zero_copy_only=False)
+        at = np.flatnonzero(hit) if positions is None else positions[hit]
+        return self.to_table().take(pa.array(at))
 
 
 def _newest_of(keys: pa.Array) -> np.ndarray | None:

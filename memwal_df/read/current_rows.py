@@ -1,0 +1,52 @@
+"""The current rows of a region writer's keys, for partial and conditional writes: the read path's
+batched point lookup (`plan_point_lookup`: one plan per write, newest level first, bloom-guarded
+generation takes by `_pk_index`, the base key index) over the writer's own levels.
+
+Guarantees: the rows returned are the live rows of the asked keys as of the writer's MemTables (given
+by the writer, which holds its lock), the generations of its manifest that the base has not merged, and
+the base. A generation garbage-collected while it was read (merged meanwhile, its rows in a newer base)
+makes the lookup run again on the base's latest version, never answer from a base that lacks its rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from memwal_df.errors import MissingGenerationError
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.table_handle import TableHandle
+from memwal_df.read.levels import GenerationLevel
+from memwal_df.read.lookup_planner import plan_point_lookup
+from memwal_df.read.snapshot import region_writer_snapshot
+
+_MAX_ATTEMPTS = 5
+
+
+def current_rows(
+    table: TableHandle,
+    region_id: uuid.UUID,
+    manifest: pb.ShardManifest,
+    memtables: Sequence[tuple[int, pa.Table]],
+    keys: pa.Table,
+) -> pa.Table:
+    """The live rows (every column) of `keys` in the region (see `memwal_df.write.partial.CurrentRows`)."""
+    ts = table.schema
+    for attempt in range(_MAX_ATTEMPTS):
+        if attempt:
+            table.sync()  # a generation was collected: its merge is in a newer base version
+        snapshot = region_writer_snapshot(table, region_id, manifest, memtables)
+        node = plan_point_lookup(snapshot, None, ts.field_ids, keys, None)
+        try:
+            rows = pa.Table.from_batches(list(node.execute()), schema=ts.schema)
+        except (OSError, ValueError):
+            if attempt + 1 == _MAX_ATTEMPTS or table.is_latest(snapshot.base.version):
+                raise
+            continue  # an old base version whose files version cleanup removed: read the latest
+        if not any(isinstance(lv, GenerationLevel) and lv.missing for lv in snapshot.levels):
+            return rows
+    raise MissingGenerationError(
+        f"region {region_id}: generations kept disappearing during {_MAX_ATTEMPTS} lookups of current rows"
+    )
