@@ -4,8 +4,10 @@ generation takes by `_pk_index`, the base key index) over the writer's own level
 
 Guarantees: the rows returned are the live rows of the asked keys as of the writer's MemTables (given
 by the writer, which holds its lock), the generations of its manifest that the base has not merged, and
-the base. A generation garbage-collected while it was read (merged meanwhile, its rows in a newer base)
-makes the lookup run again on the base's latest version, never answer from a base that lacks its rows.
+the base. The base is the table handle's open version, refreshed only when needed: a generation
+garbage-collected while it was read (merged meanwhile, its rows in a newer base), or a manifest that
+garbage collection may have stripped of generations the open base lacks, makes the lookup run again on
+the base's latest version; it never answers from a base that lacks rows of a level it skipped.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from memwal_df.errors import MissingGenerationError
+from memwal_df.format import memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.lookup_planner import plan_point_lookup
-from memwal_df.read.snapshot import region_writer_snapshot
+from memwal_df.read.snapshot import ReadSnapshot, region_writer_snapshot
 
 _MAX_ATTEMPTS = 5
 
@@ -45,8 +48,22 @@ def current_rows(
             if attempt + 1 == _MAX_ATTEMPTS or table.is_latest(snapshot.base.version):
                 raise
             continue  # an old base version whose files version cleanup removed: read the latest
-        if not any(isinstance(lv, GenerationLevel) and lv.missing for lv in snapshot.levels):
-            return rows
-    raise MissingGenerationError(
+        if any(isinstance(lv, GenerationLevel) and lv.missing for lv in snapshot.levels):
+            continue
+        if _may_lack_merged(region_id, manifest, snapshot) and not table.is_latest(snapshot.base.version):
+            continue
+        return rows
+    raise MissingGenerationError(  # (a merge and GC on every attempt)
         f"region {region_id}: generations kept disappearing during {_MAX_ATTEMPTS} lookups of current rows"
     )
+
+
+def _may_lack_merged(region_id: uuid.UUID, manifest: pb.ShardManifest, snapshot: ReadSnapshot) -> bool:
+    """Whether `manifest` may no longer list generations that the snapshot's base has not merged:
+    garbage collection unlists the merged prefix of a region's generations (merged into a base newer
+    than the snapshot's), so a gap between the base's merged generation and the lowest listed one
+    (or the next one to flush) may hold such generations. Then only the latest base is sure to
+    hold their rows."""
+    merged = memwal_index.merged_generations(snapshot.details).get(region_id, 0)
+    lowest = min((s.generation for s in manifest.sstables), default=manifest.current_generation)
+    return lowest > merged + 1
