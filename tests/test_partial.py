@@ -6,6 +6,7 @@ point lookups."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -171,6 +172,33 @@ def test_fill_survives_merge_and_gc_under_the_writers_base(tmp_path: Any, flush_
             w.flush()
         w.put({"id": [5], "b": [55]}, partial=True)
     assert sql_rows(table, where="where id = 5")[5] == {**row, "b": 55}
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_compare_and_set_is_exact_under_concurrent_writers(tmp_path: Any, durable: bool) -> None:
+    """Threads race to move `ver` of one key from v to v + 1 for v = 0, 1, ...: each step is applied by
+    exactly one of them (the read and the write of a conditional put are one step of the region),
+    while plain puts of other keys share the writer's WAL entries."""
+    table = new_table(tmp_path)
+    steps, threads = 25, 4
+    with table.writer(durable=durable) as w:
+        w.put({"id": [1], "ver": [0]}, partial=True)
+        wins = [0] * threads
+
+        def race(t: int) -> None:
+            for v in range(steps):
+                got = w.put({"id": [1], "ver": [v + 1]}, partial=True, if_match={"ver": v})
+                assert got is not None
+                wins[t] += got.count
+                w.put({"id": [100 + t], "b": [v]}, partial=True)
+
+        pool = [threading.Thread(target=race, args=(t,)) for t in range(threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+        assert sum(wins) == steps
+        assert sql_rows(table, w, "where id = 1")[1]["ver"] == steps
 
 
 # ------------------------------------------------------------------------------------------------ errors
