@@ -6,6 +6,11 @@ point lookups."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import uuid
 from datetime import timedelta
@@ -17,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from support.children import SOURCE_ROOT
 from support.lance_made import lance_made_table
 
 import memwal_df as mw
@@ -199,6 +205,68 @@ def test_compare_and_set_is_exact_under_concurrent_writers(tmp_path: Any, durabl
             th.join()
         assert sum(wins) == steps
         assert sql_rows(table, w, "where id = 1")[1]["ver"] == steps
+
+
+CHILD = """
+import json, random, sys
+import memwal_df as mw
+table = mw.open_table(sys.argv[1])
+rng = random.Random(int(sys.argv[2]))
+w = table.writer(durable=True)
+for i in range(100_000):
+    keys = [rng.randrange(12) for _ in range(rng.randint(1, 4))]
+    b = [rng.randrange(100) for _ in keys]
+    op = {"keys": keys, "b": b, "ver": rng.randrange(3), "cond": rng.random() < 0.5}
+    print(json.dumps({"intent": i, **op}), flush=True)
+    data = {"id": keys, "b": op["b"], "ver": [op["ver"] + 1] * len(keys)}
+    w.put(data, partial=True, if_match={"ver": op["ver"]} if op["cond"] else None)
+    print(json.dumps({"ack": i}), flush=True)
+"""
+
+
+def test_sigkill_during_partial_and_conditional_writes(tmp_path: Any) -> None:
+    """A durable writer killed with SIGKILL mid-stream: after recovery the table holds exactly the
+    acknowledged writes, plus the one in flight either whole or not at all."""
+    table = new_table(tmp_path)
+    env = {**os.environ, "PYTHONPATH": SOURCE_ROOT}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, table.uri, "7"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert child.stdout is not None
+    lines = []
+    while sum('"ack"' in line for line in lines) < 30:
+        line = child.stdout.readline()
+        assert line, "the writer child died"
+        lines.append(line)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    lines += child.stdout.read().splitlines()
+    msgs = []
+    for line in lines:
+        try:
+            msgs.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line
+            continue
+    intents = [m for m in msgs if "intent" in m]
+    acked = {m["ack"] for m in msgs if "ack" in m}
+    model = {r["id"]: dict(r) for r in BASE}
+    for op in intents:
+        if op["intent"] not in acked:
+            break
+        _apply_logged(model, op)
+    maybe = {k: dict(v) for k, v in model.items()}
+    for op in intents[len(acked) : len(acked) + 1]:
+        _apply_logged(maybe, op)
+    table.recover()
+    assert sql_rows(table) in (model, maybe)
+
+
+def _apply_logged(model: dict[int, dict[str, Any]], op: dict[str, Any]) -> None:
+    rows = [{"id": k, "b": b, "ver": op["ver"] + 1} for k, b in zip(op["keys"], op["b"], strict=True)]
+    if op["cond"]:
+        apply_model(model, rows, "if_match", expected=[op["ver"]] * len(rows))
+    else:
+        apply_model(model, rows)
 
 
 # ------------------------------------------------------------------------------------------------ errors
