@@ -33,7 +33,14 @@ from memwal_df.errors import (
 )
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.schema import TableSchema, check_keys, check_not_null, conform, upsert_rows
+from memwal_df.format.schema import (
+    TableSchema,
+    check_columns,
+    check_keys,
+    check_not_null,
+    conform,
+    upsert_rows,
+)
 
 Mode = Literal["upsert", "insert_if_absent", "if_match"]
 
@@ -134,20 +141,26 @@ def _expected_array(f: pa.Field, value: Any, num_rows: int) -> pa.Array:
         raise InvalidConditionError(f"if_match[{f.name!r}] is not a value of type {f.type}: {e}") from e
 
 
-def partial_rows(ts: TableSchema, data: pa.Table) -> pa.Table:
-    """Rows of a partial write conformed: every primary-key column and any subset of the others, in
-    the table's column order and types, keys not NULL, no NULL in a non-nullable carried column.
-    `MissingColumnsError` without a key column, `SchemaMismatchError` for an unknown column."""
-    names = data.column_names
-    if data.num_columns == 0 and data.num_rows == 0:
-        return ts.key_schema.empty_table()
+def partial_schema(ts: TableSchema, names: Sequence[str]) -> pa.Schema:
+    """The schema of partial rows with the columns `names`: every primary-key column and any subset of
+    the others, in the table's column order. `MissingColumnsError` without a key column,
+    `SchemaMismatchError` for an unknown or duplicate column."""
     missing = tuple(c for c in ts.primary_key if c not in names)
     if missing:
         raise MissingColumnsError(
             f"a partial write needs every primary-key column; the data lacks {list(missing)}", missing
         )
     target = pa.schema([f for f in ts.schema if f.name in names])
-    table = conform(data, target)
+    check_columns(names, target)
+    return target
+
+
+def partial_rows(ts: TableSchema, data: pa.Table) -> pa.Table:
+    """Rows of a partial write conformed to `partial_schema` (lossless types), keys not NULL, no NULL
+    in a non-nullable carried column."""
+    if data.num_columns == 0 and data.num_rows == 0:
+        return ts.key_schema.empty_table()
+    table = conform(data, partial_schema(ts, data.column_names))
     check_keys(table, ts.primary_key)
     check_not_null(table)
     return table
