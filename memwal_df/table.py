@@ -150,9 +150,10 @@ class Table(TableHandle):
         manifest: pb.ShardManifest,
         memtables: Sequence[tuple[int, pa.Table]],
         keys: pa.Table,
+        columns: Sequence[str],
     ) -> pa.Table:
         """The writers' lookup for partial and conditional writes (`memwal_df.write.partial.CurrentRows`)."""
-        return current_rows(self, region_id, manifest, memtables, keys)
+        return current_rows(self, region_id, manifest, memtables, keys, columns)
 
     def _config(self, durable: bool | None, indexed: bool | None, settings: dict[str, Any]) -> WriterConfig:
         return WriterConfig.from_defaults(

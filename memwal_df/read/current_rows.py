@@ -34,16 +34,18 @@ def current_rows(
     manifest: pb.ShardManifest,
     memtables: Sequence[tuple[int, pa.Table]],
     keys: pa.Table,
+    columns: Sequence[str],
 ) -> pa.Table:
-    """The live rows (every column) of `keys` in the region (see `memwal_df.write.partial.CurrentRows`)."""
+    """The live rows (`columns` only) of `keys` in the region (see `memwal_df.write.partial.CurrentRows`)."""
     ts = table.schema
+    schema = pa.schema([ts.schema.field(c) for c in columns])
     for attempt in range(_MAX_ATTEMPTS):
         if attempt:
             table.sync()  # a generation was collected: its merge is in a newer base version
         snapshot = region_writer_snapshot(table, region_id, manifest, memtables)
-        node = plan_point_lookup(snapshot, None, ts.field_ids, keys, None)
+        node = plan_point_lookup(snapshot, None, ts.field_ids, keys, columns)
         try:
-            rows = pa.Table.from_batches(list(node.execute()), schema=ts.schema)
+            rows = pa.Table.from_batches(list(node.execute()), schema=schema)
         except (OSError, ValueError):
             if attempt + 1 == _MAX_ATTEMPTS or table.is_latest(snapshot.base.version):
                 raise

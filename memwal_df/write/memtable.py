@@ -152,7 +152,20 @@ class MemTable:
         asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
         hit = pc.is_in(held, value_set=pk_index_key(asked)).to_numpy(zero_copy_only=False)
         at = np.flatnonzero(hit) if positions is None else positions[hit]
-        return self.to_table().take(pa.array(at))
+        return self._take(at)
+
+    def _take(self, positions: np.ndarray) -> pa.Table:
+        """The rows at ascending `positions`, taken from the batches that hold them (a take over the
+        whole MemTable would first combine all of its batches)."""
+        if len(positions) == 0:
+            return self.schema.empty_table()
+        ends = np.cumsum([b.num_rows for b in self.batches])
+        which = np.searchsorted(ends, positions, side="right")
+        parts = []
+        for i in np.unique(which).tolist():
+            local = positions[which == i] - (ends[i] - self.batches[i].num_rows)
+            parts.append(self.batches[i].take(pa.array(local)))
+        return pa.Table.from_batches(parts, schema=self.schema)
 
 
 def _newest_of(keys: pa.Array) -> np.ndarray | None:

@@ -46,7 +46,7 @@ Mode = Literal["upsert", "insert_if_absent", "if_match"]
 
 
 class CurrentRows(Protocol):
-    """The live rows (every column of the table) of the keys in `keys` that exist in one region:
+    """The live rows (`columns` only, the key among them) of the keys in `keys` that exist in one region:
     `memtables` (the newest rows of those keys in each of its writer's unflushed MemTables, tombstones
     included, as (generation, rows), oldest first), then the generations `manifest` lists that are
     not merged into the base yet, then the base table; a deleted or absent key has no row."""
@@ -57,6 +57,7 @@ class CurrentRows(Protocol):
         manifest: pb.ShardManifest,
         memtables: Sequence[tuple[int, pa.Table]],
         keys: pa.Table,
+        columns: Sequence[str],
     ) -> pa.Table: ...
 
 
@@ -182,35 +183,48 @@ def encoded_keys(rows: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     return pk_index_key([rows.column(c).combine_chunks() for c in primary_key])
 
 
+def needed_columns(ts: TableSchema, rows: pa.Table, condition: Condition) -> list[str]:
+    """The columns of the current rows a merge reads: the key, the columns `rows` do not carry (to
+    fill them) and the compared ones."""
+    carried = set(rows.column_names)
+    wanted = {f.name for f in ts.schema if f.name not in carried} | set(condition.expected)
+    return [f.name for f in ts.schema if f.name in ts.primary_key or f.name in wanted]
+
+
 def merge(
     ts: TableSchema, rows: pa.Table, condition: Condition, current: pa.Table
 ) -> tuple[pa.Table, np.ndarray]:
     """(the full rows to write, in input order; which input rows apply) for `rows` (`partial_rows`, or
-    full rows) given `current` (the live rows of their keys, every column). Rows of a key given
-    several times are applied in rounds, one occurrence per round, each round seeing the rows the
-    earlier ones applied; a put without repeated keys is one round of vectorized takes."""
+    full rows) given `current` (the live rows of their keys, at least the `needed_columns`). Rows of a
+    key given several times are applied in rounds, one occurrence per round, each round seeing the
+    rows the earlier ones applied; a put without repeated keys is one round of vectorized takes."""
     pk = ts.primary_key
     keys = encoded_keys(rows, pk)
     state, state_keys = current, encoded_keys(current, pk)
     applied = np.zeros(rows.num_rows, dtype=bool)
     written: list[pa.Table] = []
     positions: list[np.ndarray] = []
-    for idx in _rounds(keys):
-        chunk = rows.take(pa.array(idx)) if len(idx) != rows.num_rows else rows
-        found = pc.index_in(keys.take(pa.array(idx)), value_set=state_keys)
+    rounds = _rounds(keys)
+    for r, idx in enumerate(rounds):
+        at = pa.array(idx)
+        chunk, asked = (rows, keys) if len(idx) == rows.num_rows else (rows.take(at), keys.take(at))
+        found = pc.index_in(asked, value_set=state_keys)
         exists = found.is_valid().to_numpy(zero_copy_only=False)
         now = state.take(found)
         ok = _applies(condition, idx, now, exists)
         if not ok.any():
             continue
-        keep = pa.array(ok)
-        full = _fill(ts, chunk.filter(keep), now.filter(keep), exists[ok])
+        if not ok.all():
+            keep = pa.array(ok)
+            chunk, now = chunk.filter(keep), now.filter(keep)
+        full = _fill(ts, chunk, now, exists[ok])
         applied[idx[ok]] = True
         written.append(full)
         positions.append(idx[ok])
-        replaced = pc.is_in(state_keys, value_set=encoded_keys(full, pk))
-        state = pa.concat_tables([state.filter(pc.invert(replaced)), full])
-        state_keys = encoded_keys(state, pk)
+        if r + 1 < len(rounds):  # the next round sees this one's rows
+            replaced = pc.is_in(state_keys, value_set=encoded_keys(full, pk))
+            state = pa.concat_tables([state.filter(pc.invert(replaced)), full.select(state.column_names)])
+            state_keys = encoded_keys(state, pk)
     if not written:
         return ts.schema.empty_table(), applied
     out = pa.concat_tables(written)
@@ -223,9 +237,9 @@ def _rounds(keys: pa.Array) -> list[np.ndarray]:
     """Row positions grouped by occurrence: round r holds the (r+1)-th row of every key given more
     than r times, ascending. One round when no key repeats."""
     n = len(keys)
-    codes = pc.dictionary_encode(keys).indices.to_numpy(zero_copy_only=False)
-    if len(np.unique(codes)) == n:
+    if pc.count_distinct(keys).as_py() == n:
         return [np.arange(n)]
+    codes = pc.dictionary_encode(keys).indices.to_numpy(zero_copy_only=False)
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
     starts = np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]

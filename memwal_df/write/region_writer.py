@@ -50,7 +50,15 @@ from memwal_df.write.claim import claim, replay
 from memwal_df.write.flush import FlushPipeline
 from memwal_df.write.memtable import MemTable, MemTableSnapshot
 from memwal_df.write.memtable_index import BackgroundIndexer
-from memwal_df.write.partial import Applied, Condition, CurrentRows, chunks, merge, put_condition
+from memwal_df.write.partial import (
+    Applied,
+    Condition,
+    CurrentRows,
+    chunks,
+    merge,
+    needed_columns,
+    put_condition,
+)
 from memwal_df.write.region_state import RegionState
 from memwal_df.write.wal_commit import WalCommitter
 from memwal_df.write.writer_config import WriterConfig
@@ -157,10 +165,11 @@ class RegionWriter:
             parts.append((np.arange(offset, offset + rows.num_rows), self.apply_merged(rows, cond)))
         return Applied.combine(ts, parts, table.num_rows)
 
-    def apply_merged(self, rows: pa.Table, condition: Condition) -> Applied:
+    def apply_merged(self, rows: pa.Table, condition: Condition, routed: bool = False) -> Applied:
         """Write conformed rows (`partial_rows` or `upsert_rows`) merged with the current rows of their
         keys under `condition`, as one read-modify-write: no other write of the region comes between
-        the read and the write, and the read sees every write accepted before it."""
+        the read and the write, and the read sees every write accepted before it. `routed`: the table
+        writer routed the rows to this region already."""
         lookup = self.ctx.current_rows
         if lookup is None:
             raise InvalidConfigError(
@@ -171,16 +180,18 @@ class RegionWriter:
         if rows.num_rows == 0:
             return Applied(np.zeros(0, dtype=bool), ts.key_schema.empty_table())
         keys = rows.select(list(ts.primary_key))
+        columns = needed_columns(ts, rows, condition)
 
         def build() -> tuple[pa.RecordBatch | None, np.ndarray]:
             state = self._state
             memtables = [(mt.generation, mt.lookup(keys.columns)) for mt in [*state.sealed, state.active]]
-            current = lookup(self.region_id, state.manifest, memtables, keys)
+            current = lookup(self.region_id, state.manifest, memtables, keys, columns)
             full, mask = merge(ts, rows, condition, current)
             if full.num_rows == 0:
                 return None, mask
             batch = with_tombstone(ts, full, False)
-            self._check_region(batch)
+            if not routed:
+                self._check_region(batch)
             return batch, mask
 
         mask = self._wal_commit.write_exclusive(build, rows.nbytes)

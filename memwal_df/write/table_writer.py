@@ -116,8 +116,8 @@ class TableWriter:
             groups = group_positions(self.spec, ts.field_ids, rows)
             writers, unavailable = self._open([values for values, _ in groups])
             routed = [(w, pos) for w, (_, pos) in zip(writers, groups, strict=True) if w is not None]
-            calls = [(w.apply_merged, (rows.take(pa.array(pos)), cond.take(pos))) for w, pos in routed]
-            results = self._run(calls) if self.config.durable_write else [fn(*args) for fn, args in calls]
+            calls = [(w.apply_merged, (rows.take(pa.array(pos)), cond.take(pos), True)) for w, pos in routed]
+            results = self._run(calls)  # lookups read storage: regions in parallel in both modes
             parts += [(offset + pos, applied) for (_, pos), applied in zip(routed, results, strict=True)]
             if unavailable:
                 raise _refused(unavailable, False)
