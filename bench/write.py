@@ -625,8 +625,10 @@ def main(argv: list[str] | None = None) -> int:
 
         modes = (True, False) if args.only is None else (args.only == "durable",)
         partial_runs: list[PartialRun] = []
-        for durable in modes:
-            for partial in (False, True):
+        for rep in range(args.repeat):
+            for durable, partial in [(d, p) for d in modes for p in (False, True)][
+                :: 1 if rep % 2 == 0 else -1
+            ]:
                 run = run_partial(scratch.new, wl, memtable_rows, durable, partial)
                 partial_runs.append(run)
                 mode = "durable" if durable else "non-durable"
