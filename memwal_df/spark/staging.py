@@ -308,9 +308,9 @@ def _write_region(table: Table, stage: RegionStage, job: StagedJob, region: uuid
     with table.writer(
         durable=job.durable, allow_non_key_region_columns=job.allow_non_key_region_columns
     ) as writer:
-        write: Any = (
-            writer.delete if job.operation == "delete" else functools.partial(writer.put, partial=job.partial)
-        )
+        write: Any = writer.delete if job.operation == "delete" else writer.put
+        if job.partial:
+            write = functools.partial(writer.put, partial=True)
         for chunk in stage.chunks(region, writer.config.max_memtable_rows):
             write(chunk)
         return writer.writers[region].epoch

@@ -11,6 +11,8 @@ Life cycle (spec "Writer Expectations", Lance 14's protocol), each step in the p
    position.
 3. Write (`memwal_df.write.wal_commit`): validate, append to the WAL (durable mode: before returning,
    concurrent writes sharing an entry; otherwise batched by size, count and time), add to the MemTable.
+   A partial or conditional write (`memwal_df.write.partial`) first reads the current rows of its keys
+   and merges them into full rows, in one read-modify-write step no other write of the region enters.
 4. MemTable flush (`memwal_df.write.flush`; background, or `flush()`/`close()`): seal the MemTable,
    write it as a generation (a few of a region at once), then, in generation order and once every
    WAL entry holding its rows is stored, commit a manifest version that lists it, after checking the

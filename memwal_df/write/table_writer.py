@@ -11,7 +11,9 @@ region receives a row of it, and a put lacking a column writes nothing; a write 
 regions is applied region by region (regions are independent, there is no cross-region atomicity), so
 a region whose manifest or WAL entry cannot be decoded refuses only its own rows; `close()` flushes
 and closes every region writer, reporting the first error, and every later put, delete or flush raises
-`WriterClosedError`.
+`WriterClosedError`. A partial or conditional write (`memwal_df.write.partial`) is routed the same way;
+each region's part is one read-modify-write of its writer (regions in parallel), and the regions'
+answers are combined in input order.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ Guarantees: one appender at a time, so WAL positions follow write order and the 
 in WAL order; a durable write that returned is stored; a WAL entry of a newer MemTable is never stored
 before an older sealed MemTable holding unlogged writes is committed as a generation (a crash loses
 only the newest writes); a WAL position taken by another epoch fences the writer; an entry of ours
-found at the position (an append that raised but landed) is adopted, never written twice.
+found at the position (an append that raised but landed) is adopted, never written twice; a
+read-modify-write (`write_exclusive`) reads after every earlier accepted write reached the MemTable and
+writes before any later one is accepted.
 """
 
 from __future__ import annotations
