@@ -24,6 +24,13 @@ between figures of the same run.
     python bench/spark.py                    # base 100k, 100k upserts
     python bench/spark.py --partitions 8     # the input in 8 partitions (unrouted: 8 tasks)
     python bench/spark.py --json bench/results/spark.json
+
+`--stream` measures the streaming sink instead (`bench/_spark_stream.py`): a `rate` source into
+`df.writeStream.format("memwal")`, sustained rows/s and the latency from a row entering the source
+to a `MemWalTable` reader seeing it (p50 / p99):
+
+    python bench/spark.py --stream               # 30 s at 2000 rows/s, 1 s trigger
+    python bench/spark.py --stream --stream-full # 120 s at 10000 rows/s
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from pathlib import Path
 import datafusion
 import pyarrow as pa
 import pyarrow.compute as pc
+from _spark_stream import region_write_costs, stream_benchmark
 from _workload import NUM_REGIONS, git_state, make_workload, scratch_root
 
 import memwal_df as mw
@@ -85,7 +93,15 @@ def main() -> int:
     p.add_argument("--partitions", type=int, default=None, help="input partitions (default: Spark's)")
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--stream", action="store_true", help="measure the streaming sink instead")
+    p.add_argument("--stream-full", action="store_true", help="the full streaming run (120 s, 10k rows/s)")
+    p.add_argument("--stream-seconds", type=float, default=30.0)
+    p.add_argument("--stream-rate", type=int, default=2000, help="rows per second entering the source")
+    p.add_argument("--stream-trigger", default="1 second", help="the processing-time trigger interval")
+    p.add_argument("--stream-warmup", type=float, default=5.0, help="seconds left out after 3 batches")
     args = p.parse_args()
+    if args.stream or args.stream_full:
+        return stream_main(args)
     if args.small:
         args.base, args.rows = 20_000, 20_000
     work = make_workload(args.base, args.rows, args.batch, singles=0)
@@ -153,6 +169,28 @@ def main() -> int:
         "read_rows_per_s": {k: live / v for k, v in read.items()},
         "read_spark_over_memwaltable": read["memwaltable"] / read["spark"],
     }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def stream_main(args: argparse.Namespace) -> int:
+    if args.stream_full:
+        args.stream_seconds, args.stream_rate = 120.0, 10_000
+    root = scratch_root(args.dir, "spark-stream-")
+    conf = {"spark.sql.streaming.numRecentProgressUpdates": 10_000}
+    spark = mws.session(master="local[2]", conf=conf)
+    try:
+        figures = stream_benchmark(
+            spark, root, args.stream_seconds, args.stream_rate, args.stream_trigger, args.stream_warmup
+        )
+        figures["region_write"] = region_write_costs(root)
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    result = {"git": git_state(), "trigger": args.stream_trigger, **figures}
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

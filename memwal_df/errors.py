@@ -212,6 +212,30 @@ def _rebuild(cls: type[MemWalError], args: tuple[object, ...]) -> MemWalError:
         return err
 
 
+class NullDeleteFlagError(MemWalError, ValueError):
+    """A row of a stream written with a `delete_column` has NULL there: it is neither an upsert nor
+    a delete."""
+
+
+class ChangesExpiredError(MemWalError):
+    """A change-feed read whose start offset needs changes that garbage collection removed: the
+    generations holding them are gone (`region`: the region, `offset`: the (generation, position)
+    asked for, `first_retained`: its oldest generation still held). Register the consumer
+    (`Table.register_consumer`) so that GC keeps what it has not read."""
+
+    def __init__(
+        self,
+        message: str,
+        region: uuid.UUID | None = None,
+        offset: tuple[int, int] | None = None,
+        first_retained: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.region = region
+        self.offset = offset
+        self.first_retained = first_retained
+
+
 class InvalidConditionError(InvalidArgumentError):
     """A conditional write's condition that cannot be evaluated: `if_match` on an unknown or key
     column, or with expected values of another type or count than the rows."""

@@ -31,7 +31,8 @@ from memwal_df.errors import (
     SchemaMismatchError,
     TableExistsError,
 )
-from memwal_df.format import base_manifest, layout, memwal_index
+from memwal_df.format import base_manifest, consumers, layout, memwal_index
+from memwal_df.format.consumers import ChangeOffsets, Consumer
 from memwal_df.format.manifest import RegionManifestStore, region_id_of
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.pk_index import is_supported_pk_type
@@ -45,6 +46,7 @@ from memwal_df.jobs import garbage as _gc
 from memwal_df.jobs import index_builder, index_catchup, merger
 from memwal_df.jobs import maintain as _maintain
 from memwal_df.jobs import repair as _repair
+from memwal_df.read.changes import EARLIEST, ChangeFeed, Since, open_feed, register_consumer
 from memwal_df.read.current_rows import current_rows
 from memwal_df.write.region_open import open_region_writer, open_routed_writer
 from memwal_df.write.region_writer import RegionWriter
@@ -259,6 +261,46 @@ class Table(TableHandle):
             version_retention=version_retention,
             keep_versions=keep_versions,
         )
+
+    # ------------------------------------------------------------------ change feed
+
+    def changes(
+        self,
+        since: Since | None = None,
+        *,
+        until: Since | None = None,
+        consumer: str | None = None,
+        max_generations: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> ChangeFeed:
+        """The table's changes (every flushed generation's, in order per region) from `since`
+        (offsets, "earliest" or "latest"; None: the `consumer`'s committed offsets, else "earliest")
+        to `until` (None: every flushed change), at most `max_generations` generations, `columns`
+        (all when None; the key always): iterate it for Arrow batches, then resume from its
+        `offsets` (`feed.commit()` stores them for its consumer). `ChangesExpiredError` if GC removed
+        changes `since` needs. See `memwal_df.read.changes` and docs/changes.md."""
+        return open_feed(
+            self, since, until=until, consumer=consumer, max_generations=max_generations, columns=columns
+        )
+
+    def register_consumer(
+        self, consumer_id: str, since: Since = EARLIEST, *, expiry: timedelta = consumers.DEFAULT_EXPIRY
+    ) -> Consumer:
+        """Register a change-feed consumer at `since`: GC keeps every change it has not read while it
+        commits offsets at least every `expiry` (an already registered consumer is returned as it is)."""
+        return register_consumer(self, consumer_id, since, expiry)
+
+    def commit_consumer(self, consumer_id: str, offsets: ChangeOffsets | dict[str, Any] | str) -> Consumer:
+        """Record that `consumer_id` has read every change before `offsets` (registering it if new)."""
+        return consumers.commit_offsets(self.storage, consumer_id, ChangeOffsets.parse(offsets))
+
+    def consumers(self) -> list[Consumer]:
+        """Every registered change-feed consumer."""
+        return consumers.list_consumers(self.storage)
+
+    def remove_consumer(self, consumer_id: str) -> None:
+        """Unregister a consumer: GC stops keeping changes for it."""
+        consumers.remove_consumer(self.storage, consumer_id)
 
     def region_status(self, region_id: uuid.UUID) -> RegionStatus | None:
         m = RegionManifestStore(self.storage, region_id).latest()

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-DIRECTORY_EXAMPLES = ["quickstart", "streaming_ingest", "search_sql", "embed_datafusion"]
+DIRECTORY_EXAMPLES = ["quickstart", "streaming_ingest", "search_sql", "embed_datafusion", "change_feed"]
 OTHER_TESTS = {"spark_ingest"}  # run by the Spark tests (make test-spark)
 
 

@@ -33,7 +33,7 @@ from memwal_df.read.snapshot import _latest_manifest
 GUARANTEE = "reader freshness"
 ZERO = timedelta(0)
 KEYS = 120
-ROUNDS = 6
+ROUNDS = 4
 WORD = "apple"
 
 Model = dict[int, dict[str, Any]]

@@ -467,7 +467,7 @@ def test_writer_state_machine_local(tmp_path):
         lambda: str(tmp_path / uuid.uuid4().hex),
         None,
         lambda uri: shutil.rmtree(uri, ignore_errors=True),
-        max_examples=25,
+        max_examples=14,
         stateful_step_count=30,
     )
 
@@ -478,7 +478,7 @@ def test_writer_state_machine_s3(s3_bucket, s3_storage_options):
         lambda: f"s3://{s3_bucket}/{uuid.uuid4()}",
         s3_storage_options,
         lambda uri: None,
-        max_examples=4,
+        max_examples=3,
         stateful_step_count=12,
     )
 

@@ -7,6 +7,8 @@ _mem_wal/{region_uuid}/wal/{bitrev64(position)}.arrow         WAL entries (from 
 _mem_wal/{region_uuid}/{hex8}_gen_{g}/                        flushed generation (a Lance table)
 _mem_wal/_entry_lease/{epoch:020}.json                        MemWAL index-entry writer lease
 _mem_wal/_write_leases/{job}/{region_uuid}/{epoch:020}.json   a Spark write job's region leases
+_mem_wal/_streams/{query_uuid}/{batch:020}.json               a committed micro-batch of a Spark stream
+_mem_wal/_consumers/{consumer_id}.json                        a change-feed consumer's offsets
 ```
 Bit-reversed names spread sequential numbers across the key space (S3 partitions).
 """
@@ -22,6 +24,8 @@ from memwal_df.errors import InvalidArgumentError
 MEM_WAL_DIR = "_mem_wal"
 ENTRY_LEASE_DIR = f"{MEM_WAL_DIR}/_entry_lease"  # not a region: region_ids() skips non-UUID names
 WRITE_LEASE_DIR = f"{MEM_WAL_DIR}/_write_leases"  # (neither)
+STREAMS_DIR = f"{MEM_WAL_DIR}/_streams"  # (neither)
+CONSUMER_DIR = f"{MEM_WAL_DIR}/_consumers"  # (neither)
 MANIFEST_DIR = "manifest"
 WAL_DIR = "wal"
 VERSION_HINT = "version_hint.json"
@@ -73,6 +77,16 @@ def write_lease_dir(job: str, region_id: uuid.UUID | str | None = None) -> str:
     """The lease directory of `region_id` in write job `job` (without a region: the job's)."""
     job_dir = f"{WRITE_LEASE_DIR}/{job}"
     return job_dir if region_id is None else f"{job_dir}/{uuid.UUID(str(region_id))}"
+
+
+def stream_dir(query: uuid.UUID | str) -> str:
+    """The directory of streaming query `query`'s committed micro-batches."""
+    return f"{STREAMS_DIR}/{uuid.UUID(str(query))}"
+
+
+def consumer_path(consumer_id: str) -> str:
+    """The record of change-feed consumer `consumer_id` (checked by `memwal_df.format.consumers`)."""
+    return f"{CONSUMER_DIR}/{consumer_id}.json"
 
 
 def manifest_path(region_id: uuid.UUID | str, version: int) -> str:

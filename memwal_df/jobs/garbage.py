@@ -9,7 +9,9 @@
    - the grace rule for readers still running on a version cleaned up meanwhile: if any base version
      was cleaned up (the oldest retained one is not version 1), the oldest retained version must be
      older than `grace`. A query planned against a cleaned-up version started before that version's
-     successor was committed, so only queries running longer than `grace` can miss a generation.
+     successor was committed, so only queries running longer than `grace` can miss a generation;
+   - every change-feed consumer that pins (`memwal_df.format.consumers`: it committed offsets less
+     than its expiry ago) has read every change of `g`: its offsets name a later generation.
    They leave the region manifest first (a new manifest version, same epoch, put-if-not-exists,
    retried on a lost race as the writer and index builder do), then their directories are deleted;
 2. **their WAL entries**: from the lowest position up, entries covered by a flushed generation
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING
 import lance
 
 from memwal_df.errors import CorruptRegionsError, InvalidConfigError, TableNotFoundError
-from memwal_df.format import base_manifest, layout, lease, memwal_index
+from memwal_df.format import base_manifest, consumers, layout, lease, memwal_index
 from memwal_df.format.manifest import RegionManifestStore, next_version
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import Storage
@@ -136,7 +138,8 @@ def removable_generations(
     catchup = memwal_index.index_catchup(details)  # the newest version's
     for name in _existing_maintained_indexes(table, details, versions[-1]["version"]):
         floors = {r: min(g, catchup.get(name, {}).get(r, 0)) for r, g in floors.items()}
-    return floors
+    pins = consumers.pinned_floors(consumers.list_consumers(table.storage), regions, time.time())
+    return {r: min(g, pins.get(r, g)) for r, g in floors.items()}
 
 
 def _existing_maintained_indexes(

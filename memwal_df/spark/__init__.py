@@ -7,6 +7,7 @@
     mws.delete(keys_df, uri)                               # delete by primary key
     spark.read.format("memwal").load(uri)                  # deduplicated durable levels
     mws.merge(spark, uri)                                  # regions merged in parallel tasks
+    df.writeStream.format("memwal").option("checkpointLocation", c).start(uri)  # streaming upserts
 
 See `docs/spark.md`.
 """

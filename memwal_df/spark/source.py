@@ -11,6 +11,9 @@ Each Spark task re-plans the pinned snapshot (`memwal_df.read.snapshot.pin` / `r
 partition's operator tree. Pushed filters (`memwal_df.spark.filters`) are applied exactly, after
 deduplication. Option `base_partitions` (default: this machine's cores) sets the base spans.
 
+Change feed (`memwal_df.spark.change_feed`): `spark.readStream.format("memwal")` with a change-feed
+option (`startingOffsets`, `readChangeFeed` ...), and `spark.read` with `changes_since`.
+
 Write (mode "append"), option `operation` = "upsert" (default) or "delete" (rows are primary keys),
 option `durable` (default true: one fsync'd WAL entry per batch and region), option `partial`
 (default false; "true": upserts carry the primary key and any other columns, each row updating only
@@ -26,6 +29,8 @@ columns outside the primary key is refused with `NonKeyRegionColumnError`, see `
 * any other DataFrame is written by `StagedWriter`: each task stages its rows per region and writes
   one region at a time under a per-job region lease (`memwal_df.spark.staging`; options
   `stage_memory_bytes`, `spill_dir`, `lease_ttl_s`).
+
+Streaming write (`df.writeStream.format("memwal").start(uri)`): `memwal_df.spark.stream_sink`.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from memwal_df.format.storage import Storage
 from memwal_df.read.predicate import column_predicates
 from memwal_df.read.scan_planner import Partition, plan_scan
 from memwal_df.read.snapshot import PinnedSnapshot, pin, restore, take_snapshot
+from memwal_df.spark.change_feed import ChangesReader, ChangeStreamReader, change_spark_schema, is_change_read
 from memwal_df.spark.filters import conjunction, to_expression
 from memwal_df.spark.routing import ROUTE, check_routable
 from memwal_df.spark.staging import (
@@ -67,6 +73,7 @@ from memwal_df.spark.staging import (
     stage_schema,
     write_regions,
 )
+from memwal_df.spark.stream_sink import MemWalStreamWriter
 from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
 from memwal_df.table import Table, open_table
 
@@ -109,10 +116,34 @@ class MemWalDataSource(DataSource):
         return "memwal"
 
     def schema(self) -> StructType:
-        return spark_schema(TableRef.from_options(self.options).open().schema.schema)
+        table = TableRef.from_options(self.options).open()
+        if is_change_read(self.options):
+            return change_spark_schema(table)
+        return spark_schema(table.schema.schema)
 
-    def reader(self, schema: StructType) -> MemWalReader:
-        return MemWalReader(TableRef.from_options(self.options), schema, self.options)
+    def reader(self, schema: StructType) -> MemWalReader | ChangesReader:
+        ref = TableRef.from_options(self.options)
+        if is_change_read(self.options):  # option("changes_since", ...): the change feed
+            return ChangesReader(ref.uri, ref.storage_options, schema, self.options)
+        return MemWalReader(ref, schema, self.options)
+
+    def streamReader(self, schema: StructType) -> ChangeStreamReader:
+        """`spark.readStream.format("memwal")`: the change feed (`memwal_df.spark.change_feed`)."""
+        if not is_change_read(self.options):
+            raise InvalidConfigError(
+                'a "memwal" stream reads the change feed: set option("startingOffsets", "earliest") '
+                '(or "latest", or offsets) or option("readChangeFeed", "true"), so that its schema '
+                "carries _change_type, _region, _generation and _position"
+            )
+        ref = TableRef.from_options(self.options)
+        return ChangeStreamReader(ref.uri, ref.storage_options, schema, self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MemWalStreamWriter:
+        """`df.writeStream.format("memwal").start(uri)`: every micro-batch upserted (or deleted)
+        with exactly-once effect (`memwal_df.spark.stream_sink`); output mode "append" only."""
+        if overwrite:
+            raise InvalidConfigError('the "memwal" stream sink only upserts: use outputMode("append")')
+        return MemWalStreamWriter(TableRef.from_options(self.options), schema, self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
         if overwrite:

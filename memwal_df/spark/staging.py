@@ -24,6 +24,10 @@ gone (the job committed or aborted) or a newer attempt of its own partition hold
 otherwise (another task took the lease over after it expired, or a writer outside the job claimed
 the region) it takes the lease again and writes all its rows of the region again — a claim replays
 what it wrote durably, and upserts and deletes are idempotent.
+
+A job type may change how a region's staged rows are written (`StagedJob.write_region`) and stop a
+stale task before each claim (`StagedJob.check_live`): the streaming sink
+(`memwal_df.spark.stream_sink`) does both.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 
@@ -46,7 +50,7 @@ from memwal_df.format.schema import key_rows, upsert_rows
 from memwal_df.format.storage import Storage
 from memwal_df.table import Table
 from memwal_df.write.partial import partial_rows, partial_schema
-from memwal_df.write.table_writer import group_by_region
+from memwal_df.write.table_writer import TableWriter, group_by_region
 
 DEFAULT_STAGE_MEMORY_BYTES = 256 * 1024 * 1024
 DEFAULT_LEASE_TTL = timedelta(seconds=60)
@@ -74,7 +78,7 @@ class StagedJob:
         durable: bool,
         options: Mapping[str, str],
         allow_non_key_region_columns: bool = False,
-    ) -> StagedJob:
+    ) -> Self:
         """A new job (fresh id) with the data source options `stage_memory_bytes`, `lease_ttl_s`,
         `spill_dir` and `partial`."""
         try:
@@ -102,6 +106,19 @@ class StagedJob:
     def holder(self, partition: int) -> str:
         """The lease holder name of every attempt of task `partition` (so a retry takes over)."""
         return f"{self.job}:{partition}"
+
+    def check_live(self, storage: Storage) -> None:
+        """Called before each claim of a region: raise `WriterFencedError` if the job no longer
+        wants its rows written. A write job's end shows in its leases (`_lease_after_fence`), so a
+        write job always is; a streaming batch checks whether it was committed meanwhile."""
+
+    def write_region(self, writer: TableWriter, stage: RegionStage, region: uuid.UUID) -> None:
+        """Write the staged rows of `region` through `writer`: puts or deletes, in staged order."""
+        write: Any = writer.delete if self.operation == "delete" else writer.put
+        if self.partial and self.operation != "delete":
+            write = functools.partial(writer.put, partial=True)
+        for chunk in stage.chunks(region, writer.config.max_memtable_rows):
+            write(chunk)
 
 
 class RegionStage:
@@ -211,8 +228,7 @@ def stage_batches(
 ) -> int:
     """Validate every batch as `TableWriter.put` (`partial`: as a partial put) / `delete` does and
     stage its rows by region (the table writer's routing); returns the number of rows."""
-    ts, spec = table.schema, table.spec
-    assert spec is not None, "the driver refuses tables without a region spec"
+    ts = table.schema
     total = 0
     for batch in batches:
         if operation == "delete":
@@ -221,12 +237,19 @@ def stage_batches(
             rows = partial_rows(ts, pa.Table.from_batches([batch]))
         else:
             rows = upsert_rows(ts, pa.Table.from_batches([batch]))
-        if rows.num_rows == 0:
-            continue
-        for values, group in group_by_region(spec, ts.field_ids, rows):
-            stage.add(table.region_id_for(values), group)
+        stage_rows(table, rows, stage)
         total += batch.num_rows
     return total
+
+
+def stage_rows(table: Table, rows: pa.Table, stage: RegionStage) -> None:
+    """Stage validated `rows` (the table's columns, maybe more) by region, the table writer's routing."""
+    spec = table.spec
+    assert spec is not None, "the driver refuses tables without a region spec"
+    if rows.num_rows == 0:
+        return
+    for values, group in group_by_region(spec, table.schema.field_ids, rows):
+        stage.add(table.region_id_for(values), group)
 
 
 def stage_schema(table: Table, operation: str, partial_columns: Sequence[str] | None = None) -> pa.Schema:
@@ -272,6 +295,7 @@ def _write_leased(
     owned = True
     try:
         for _ in range(MAX_CLAIMS):
+            job.check_live(storage)
             try:
                 return _write_region(table, stage, job, region)
             except WriterFencedError:
@@ -308,9 +332,5 @@ def _write_region(table: Table, stage: RegionStage, job: StagedJob, region: uuid
     with table.writer(
         durable=job.durable, allow_non_key_region_columns=job.allow_non_key_region_columns
     ) as writer:
-        write: Any = writer.delete if job.operation == "delete" else writer.put
-        if job.partial:
-            write = functools.partial(writer.put, partial=True)
-        for chunk in stage.chunks(region, writer.config.max_memtable_rows):
-            write(chunk)
+        job.write_region(writer, stage, region)
         return writer.writers[region].epoch
