@@ -8,6 +8,8 @@ Measures (the write figures of docs/performance.md):
   bucketed with `lance.mem_wal.evaluate_sharding_spec` and every part is put to that bucket's native
   writer, the same work memwal_df's TableWriter does. Every run ends with `close()`, so its time
   includes making everything durable and flushing every MemTable into generations;
+* partial-upsert throughput (2 of 6 columns carried, keys spread over MemTables, generations and a
+  btree-indexed base) next to full upserts of the same keys (`bench/_partial.py`);
 * single-row durable put latency (p50/p99) for both, each interleaved with the raw I/O floor on the same
   disk (create + write + fsync of a file the size of a one-row WAL entry, with and without the directory
   fsync), and for non-durable writers the time from a put until its WAL entry is on disk;
@@ -21,6 +23,7 @@ end. Timings on a shared VM vary by +-20% from run to run: use `--repeat 3` (med
 No timing is asserted: the script reports.
 
     python bench/write.py --small                 # quick run
+    python bench/write.py --small --partial-only  # partial vs full upserts only
     python bench/write.py                          # full run: base 100k, 200k upserts
     python bench/write.py --repeat 3 --json bench/results/write.json
     python bench/write.py --profile bench/results/write.prof [--profile-clock cpu]
@@ -51,6 +54,8 @@ from typing import Any
 import lance
 import numpy as np
 import pyarrow as pa
+from _partial import PartialRun, run_partial
+from _partial import markdown as partial_markdown
 from _workload import NUM_REGIONS, Workload, git_state, make_workload, scratch_root
 from lance.mem_wal import evaluate_sharding_spec
 
@@ -564,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=["durable", "non-durable"],
         help="throughput runs of this mode only, and no latency runs (for quick comparisons)",
     )
+    p.add_argument(
+        "--partial-only", action="store_true", help="only the partial vs full upsert runs (bench/_partial.py)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the tables")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--profile", help="only profile memwal_df durable, 4 regions (cProfile) into this file")
@@ -616,6 +624,20 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         modes = (True, False) if args.only is None else (args.only == "durable",)
+        partial_runs: list[PartialRun] = []
+        for rep in range(args.repeat):
+            for durable, partial in [(d, p) for d in modes for p in (False, True)][
+                :: 1 if rep % 2 == 0 else -1
+            ]:
+                run = run_partial(scratch.new, wl, memtable_rows, durable, partial)
+                partial_runs.append(run)
+                mode = "durable" if durable else "non-durable"
+                print(
+                    f"  memwal_df {mode:11s} {run.kind} upserts: {run.rows_per_s:>10,.0f} rows/s", flush=True
+                )
+        print(partial_markdown(partial_runs), flush=True)
+        if args.partial_only:
+            return 0
         configs = [(regions, durable, 1) for regions in (NUM_REGIONS, 1) for durable in modes]
         if args.threads > 1 and True in modes:
             configs += [(regions, True, args.threads) for regions in (NUM_REGIONS, 1)]
@@ -677,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
                     for r in runs
                 ],
                 "latency": [lat.summary() for lat in latencies],
+                "partial": [{**asdict(r), "rows_per_s": r.rows_per_s} for r in partial_runs],
                 "wal_entry_bytes_one_row": entry_size,
             }
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from memwal_df.format.regions import (
 from memwal_df.read.dataset import MemWalTable
 from memwal_df.read.sql import query, register
 from memwal_df.table import RegionStatus, Table, create_table, open_table
+from memwal_df.write.partial import Applied
 from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.table_writer import TableWriter
 from memwal_df.write.writer_config import WriterConfig
@@ -29,6 +30,7 @@ from memwal_df.write.writer_config import WriterConfig
 _moved.install()
 
 __all__ = [
+    "Applied",
     "MemWalTable",
     "RegionStatus",
     "RegionWriter",

@@ -234,3 +234,17 @@ class ChangesExpiredError(MemWalError):
         self.region = region
         self.offset = offset
         self.first_retained = first_retained
+
+
+class InvalidConditionError(InvalidArgumentError):
+    """A conditional write's condition that cannot be evaluated: `if_match` on an unknown or key
+    column, or with expected values of another type or count than the rows."""
+
+
+class MissingValueError(SchemaMismatchError):
+    """A partial write that would create a row (its key has no live row) without a value for a
+    non-nullable column it does not carry. `columns` names them; nothing of the write is applied."""
+
+    def __init__(self, message: str, columns: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.columns = columns

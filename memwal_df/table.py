@@ -47,6 +47,7 @@ from memwal_df.jobs import index_builder, index_catchup, merger
 from memwal_df.jobs import maintain as _maintain
 from memwal_df.jobs import repair as _repair
 from memwal_df.read.changes import EARLIEST, ChangeFeed, Since, open_feed, register_consumer
+from memwal_df.read.current_rows import current_rows
 from memwal_df.write.region_open import open_region_writer, open_routed_writer
 from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.table_writer import TableWriter
@@ -101,8 +102,14 @@ class Table(TableHandle):
         self.check_writable(allow_non_key_region_columns)
         config = config or self._config(durable, indexed, settings)
         if values is not None:
-            return open_routed_writer(self, tuple(values), config, allow_non_key_region_columns=True)
-        return open_region_writer(self, layout.parse_region_id(region_id), config)
+            return open_routed_writer(
+                self,
+                tuple(values),
+                config,
+                allow_non_key_region_columns=True,
+                current_rows=self._current_rows,
+            )
+        return open_region_writer(self, layout.parse_region_id(region_id), config, self._current_rows)
 
     def routed_writer(
         self, values: tuple[Any, ...], config: WriterConfig, *, allow_non_key_region_columns: bool = False
@@ -110,7 +117,11 @@ class Table(TableHandle):
         """The writer of the region for `values`, created with its field entries if new (see
         `memwal_df.write.region_open.open_routed_writer`)."""
         return open_routed_writer(
-            self, values, config, allow_non_key_region_columns=allow_non_key_region_columns
+            self,
+            values,
+            config,
+            allow_non_key_region_columns=allow_non_key_region_columns,
+            current_rows=self._current_rows,
         )
 
     def writer(
@@ -132,7 +143,19 @@ class Table(TableHandle):
             self,
             self._config(durable, indexed, settings),
             allow_non_key_region_columns=allow_non_key_region_columns,
+            current_rows=self._current_rows,
         )
+
+    def _current_rows(
+        self,
+        region_id: uuid.UUID,
+        manifest: pb.ShardManifest,
+        memtables: Sequence[tuple[int, pa.Table]],
+        keys: pa.Table,
+        columns: Sequence[str],
+    ) -> pa.Table:
+        """The writers' lookup for partial and conditional writes (`memwal_df.write.partial.CurrentRows`)."""
+        return current_rows(self, region_id, manifest, memtables, keys, columns)
 
     def _config(self, durable: bool | None, indexed: bool | None, settings: dict[str, Any]) -> WriterConfig:
         return WriterConfig.from_defaults(

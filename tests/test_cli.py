@@ -686,3 +686,27 @@ def test_ingest_progress_shows_the_total_when_the_input_has_one(capsys, tmp_path
     stdin_of(monkeypatch, b"id,v\n1,a\n2,b\n")  # standard input: no total known
     code, _, err = cli(capsys, "ingest", uri, "-", "--format", "csv", "--progress")
     assert code == Exit.OK and re.search(r"\ringest: 2 rows, [\d,]+ rows/s\x1b\[K\n$", err), err
+
+
+@pytest.mark.parametrize("region", [False, True], ids=["routed", "region"])
+def test_ingest_partial_updates_only_the_columns_given(capsys, tmp_path, region):
+    """`memwal ingest --partial`: a file of keys and some columns updates those columns of existing
+    rows, keeps the others, and creates new keys with NULL elsewhere; without --partial such a file is
+    refused (test above)."""
+    uri, rid = str(tmp_path / "t"), "6b1f3a52-0d3e-4c1a-9a43-5f0e2b7c8d11"
+    spec = [] if region else ["--spec", "bucket(id,2)"]
+    cli(capsys, "create", uri, "--schema", "id:int64,v:string,n:int64", "-k", "id", *spec)
+    target = ["--region", rid] if region else []
+    full, part = tmp_path / "full.csv", tmp_path / "part.csv"
+    full.write_text("id,v,n\n1,a,10\n2,b,20\n")
+    part.write_text("id,n\n2,21\n3,31\n2,22\n")
+    cli_json(capsys, "ingest", uri, str(full), *target)
+    got = cli_json(capsys, "ingest", uri, str(part), "--partial", *target)
+    assert (got["operation"], got["rows"]) == ("partial upsert", 3)
+    assert cli_json(capsys, "sql", "-t", uri, "SELECT * FROM t ORDER BY id") == [
+        {"id": 1, "v": "a", "n": 10},
+        {"id": 2, "v": "b", "n": 22},
+        {"id": 3, "v": None, "n": 31},
+    ]
+    code, _, err = cli(capsys, "ingest", uri, str(part), "--partial", "--delete")
+    assert code == Exit.USAGE and "--partial" in err

@@ -891,3 +891,24 @@ def test_claim_of_a_native_region_on_sharded_table_writes_native_manifest_bytes(
     for o, n in zip(ours, native, strict=True):
         n.shard_id.uuid = ours_id.bytes
         assert o.SerializeToString() == n.SerializeToString()
+
+
+def test_lance_reads_a_table_written_with_partial_updates(tmp_path):
+    """Partial and conditional writes are written as full rows: Lance's LsmScanner and point-lookup
+    planner read the generations they produced exactly as the model says (fills from the base, a
+    generation and the MemTable; a new key with NULLs; refused conditional rows absent)."""
+    table = mw.create_table(str(tmp_path / "t"), rows(range(0, 20, 2)), "id", region_spec=mw.bucket("id", 2))
+    model = Model(("id",), rows(range(0, 20, 2)))
+    with table.writer() as w:
+        w.put({"id": [2, 3, 4], "v": [20.0, 30.0, None]}, partial=True)
+        w.flush()
+        w.put({"id": [3, 6], "name": ["x", "y"]}, partial=True)
+        assert w.insert_if_absent(rows([4, 5], "n")).mask.tolist() == [False, True]
+        applied = w.put({"id": [2, 8], "name": ["c2", "c8"]}, partial=True, if_match={"v": 20.0})
+        assert applied is not None and applied.mask.tolist() == [True, False]
+    model.rows[2] = {"id": 2, "name": "c2", "v": 20.0}
+    model.rows[3] = {"id": 3, "name": "x", "v": 30.0}
+    model.rows[4] = {"id": 4, "name": "a4", "v": None}
+    model.rows[5] = {"id": 5, "name": "n5", "v": 5.0}
+    model.rows[6] = {"id": 6, "name": "y", "v": 6.0}
+    assert_lance_reads(table, model, probes=[2, 3, 4, 5, 6, 8, 99])

@@ -1,4 +1,5 @@
-"""`memwal ingest` (upserts from files) and `memwal delete` (deletes by key, from files or `--keys`).
+"""`memwal ingest` (upserts from files; `--partial`: column updates) and `memwal delete` (deletes by
+key, from files or `--keys`).
 
 Rows go through the table's routed writer (or one region's writer with `--region`) in batches of
 `--batch-size` rows; `close()` at the end makes every write durable and flushes the MemTables into
@@ -43,6 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "files", nargs="+", metavar="FILE", help="input files; - reads standard input (needs --format)"
     )
     p.add_argument("--delete", action="store_true", help="the files hold keys (extra columns ignored)")
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="the files hold the primary key and some of the other columns: each row updates only the "
+        "columns it carries (a new key gets NULL in the others)",
+    )
     _writer_args(p)
     p.set_defaults(run=run_ingest)
 
@@ -91,6 +98,8 @@ def _writer_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_ingest(args: argparse.Namespace) -> int:
+    if args.partial and args.delete:
+        raise InvalidArgumentError("--partial updates columns; it cannot be combined with --delete")
     return _run(args, _inputs(args.files))
 
 
@@ -121,6 +130,7 @@ def _run(args: argparse.Namespace, files: list[Path | str]) -> int:
     ]
     if getattr(args, "keys", None):
         sources.insert(0, [_keys_batch(table, args.keys)])
+    partial = getattr(args, "partial", False)  # (`memwal delete` has no --partial)
     t0 = time.perf_counter()
     writer = _writer(table, args)
     pk = table.schema.primary_key
@@ -133,13 +143,13 @@ def _run(args: argparse.Namespace, files: list[Path | str]) -> int:
                 existing.append(_existing(reader, keys, table.schema))
                 writer.delete(keys)
             else:
-                writer.put(batch)
+                writer.put(batch, partial=partial)
             progress.update(batch.num_rows)
         put_s = time.perf_counter() - t0
     progress.close()
     total_s = time.perf_counter() - t0
     info = {
-        "operation": "delete" if args.delete else "upsert",
+        "operation": "delete" if args.delete else "partial upsert" if partial else "upsert",
         "files": [str(f) for f in files],
         "rows": progress.done,
         **({"keys_existed": _distinct(existing, pk)} if args.delete else {}),
@@ -214,6 +224,7 @@ def _text(info: dict[str, Any]) -> str:
         what = f"deleted {c.count(info['rows'], 'key')} ({info['keys_existed']:,} existed)"
     else:
         what = f"upserted {c.count(info['rows'], 'row')}"
+        what += " (the columns given)" if info["operation"] == "partial upsert" else ""
     files = [f for f in info["files"] if f != STDIN]
     sources = [c.count(len(files), "file")] if files else []
     sources += ["standard input"] if STDIN in info["files"] else []

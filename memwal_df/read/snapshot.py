@@ -324,6 +324,24 @@ def _region_levels(
     return RegionLevels(region_id, m.shard_spec_id, values, levels, done)
 
 
+def region_writer_snapshot(
+    table: TableHandle,
+    region_id: uuid.UUID,
+    manifest: pb.ShardManifest,
+    memtables: Sequence[tuple[int, pa.Table]],
+) -> ReadSnapshot:
+    """One region as its writer sees it, for the writer's own lookups: the base table's open version,
+    the generations `manifest` lists that version has not merged, and `memtables` ((generation,
+    newest rows of some keys), oldest first). The MemWAL index details are read before the dataset:
+    a concurrent `refresh` replaces the dataset first, so the details are never newer than the base
+    (newer ones would skip generations whose rows that base lacks)."""
+    details = table.details
+    base = table.dataset
+    region = _region_levels(table, region_id, manifest, None, memwal_index.merged_generations(details), {})
+    region.levels[:0] = [MemTableLevel(region_id, g, table.storage, rows) for g, rows in reversed(memtables)]
+    return ReadSnapshot(table.schema, base, details, [region], "latest", table.storage)
+
+
 def _region_writers(writer: TableWriter | RegionWriter | None) -> list[RegionWriter]:
     if writer is None:
         return []

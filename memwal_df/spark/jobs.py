@@ -16,9 +16,12 @@ def _open(uri: str | Table, storage_options: dict[str, str] | None) -> Table:
     return uri if isinstance(uri, Table) else open_table(uri, storage_options)
 
 
-def _save(df: DataFrame, table: Table, operation: str, durable: bool, allow_non_key: bool) -> None:
+def _save(
+    df: DataFrame, table: Table, operation: str, durable: bool, allow_non_key: bool, partial: bool = False
+) -> None:
     table.check_writable(allow_non_key)  # here, not wrapped in a Spark error
     writer = df.write.format("memwal").mode("append").option("operation", operation)
+    writer = writer.option("partial", str(partial).lower())
     if table.storage_options:
         writer = writer.option("storage_options", json.dumps(table.storage_options))
     writer = writer.option("allow_non_key_region_columns", str(allow_non_key).lower())
@@ -32,16 +35,18 @@ def write(
     *,
     durable: bool = True,
     allow_non_key_region_columns: bool = False,
+    partial: bool = False,
 ) -> None:
     """Upsert the rows of `df` (every column of the table: an upsert replaces whole rows, so a
-    DataFrame lacking a column raises `MissingColumnsError` before any task runs): route them to
-    their regions inside Spark and write each region from one task (see `memwal_df.spark.source`).
+    DataFrame lacking a column raises `MissingColumnsError` before any task runs; with `partial` the
+    primary key and any other columns, each row updating only those): route them to their regions
+    inside Spark and write each region from one task (see `memwal_df.spark.source`).
 
     Rows with the same key in one call: one of them wins (Spark does not order rows across
     partitions); write them in separate calls to order them. `allow_non_key_region_columns`: as
     `Table.writer`."""
     table = _open(uri, storage_options)
-    _save(route(df, table), table, "upsert", durable, allow_non_key_region_columns)
+    _save(route(df, table, partial=partial), table, "upsert", durable, allow_non_key_region_columns, partial)
 
 
 def delete(

@@ -28,6 +28,7 @@ from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.regions.transforms import Bucket, MultiBucket, Unsharded
 from memwal_df.format.schema import check_columns, conform
 from memwal_df.table import Table
+from memwal_df.write.partial import partial_schema
 from memwal_df.write.table_writer import region_of_row, value_codes
 
 ROUTE = "__memwal_region"
@@ -163,14 +164,19 @@ def _spec(table: Table) -> RegionSpec:
     return table.spec
 
 
-def check_routable(table: Table, columns: list[str], keys_only: bool) -> RegionSpec:
+def check_routable(table: Table, columns: list[str], keys_only: bool, partial: bool = False) -> RegionSpec:
     """The table's region spec, after checking that rows of `columns` can be written and routed with
-    it, as `TableWriter` checks them: the primary-key columns if `keys_only`, else every column of
-    the table (`memwal_df.format.schema.check_columns`: `SchemaMismatchError`, `MissingColumnsError`), and a
+    it, as `TableWriter` checks them: the primary-key columns if `keys_only`, the key and any other
+    columns if `partial` (`memwal_df.write.partial.partial_schema`), else every column of the table
+    (`memwal_df.format.schema.check_columns`: `SchemaMismatchError`, `MissingColumnsError`), and a
     spec that a key alone routes (`RegionRoutingError`)."""
     spec, ts = _spec(table), table.schema
     if keys_only:
         check_columns(columns, ts.key_schema, what="delete keys", keys=True)
+    elif partial:
+        partial_schema(ts, columns)
+        if not spec.reads_only(ts.field_ids[c] for c in columns):
+            raise RegionRoutingError("the region spec reads columns the partial rows do not carry")
     else:
         check_columns(columns, ts.schema)
     if keys_only and not spec.reads_only(ts.field_ids[c] for c in ts.primary_key):
@@ -178,11 +184,12 @@ def check_routable(table: Table, columns: list[str], keys_only: bool) -> RegionS
     return spec
 
 
-def route(df: DataFrame, table: Table, keys_only: bool = False) -> DataFrame:
+def route(df: DataFrame, table: Table, keys_only: bool = False, partial: bool = False) -> DataFrame:
     """`df` with its rows' region in `ROUTE`, repartitioned so each region is in one partition.
 
-    `keys_only`: `df` holds primary keys to delete (the spec must read key columns only)."""
-    spec = check_routable(table, df.columns, keys_only)
+    `keys_only`: `df` holds primary keys to delete (the spec must read key columns only); `partial`:
+    `df` holds the primary key and some other columns (a partial upsert)."""
+    spec = check_routable(table, df.columns, keys_only, partial)
     if isinstance(spec.fields[0].transform, Unsharded) and len(spec.fields) == 1:
         return df.withColumn(ROUTE, F.lit(0)).repartition(1)
     routed = _bucket_expression(df, table, spec)

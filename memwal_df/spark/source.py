@@ -15,7 +15,9 @@ Change feed (`memwal_df.spark.change_feed`): `spark.readStream.format("memwal")`
 option (`startingOffsets`, `readChangeFeed` ...), and `spark.read` with `changes_since`.
 
 Write (mode "append"), option `operation` = "upsert" (default) or "delete" (rows are primary keys),
-option `durable` (default true: one fsync'd WAL entry per batch and region), option
+option `durable` (default true: one fsync'd WAL entry per batch and region), option `partial`
+(default false; "true": upserts carry the primary key and any other columns, each row updating only
+those, `TableWriter.put(partial=True)`), option
 `allow_non_key_region_columns` (default false: a table whose region spec, made elsewhere, reads
 columns outside the primary key is refused with `NonKeyRegionColumnError`, see `Table.writer`):
 * routed rows (column `__memwal_region`, one partition per region: `memwal_df.spark.route`, used by
@@ -63,7 +65,14 @@ from memwal_df.read.snapshot import PinnedSnapshot, pin, restore, take_snapshot
 from memwal_df.spark.change_feed import ChangesReader, ChangeStreamReader, change_spark_schema, is_change_read
 from memwal_df.spark.filters import conjunction, to_expression
 from memwal_df.spark.routing import ROUTE, check_routable
-from memwal_df.spark.staging import RegionStage, StagedJob, stage_batches, stage_schema, write_regions
+from memwal_df.spark.staging import (
+    RegionStage,
+    StagedJob,
+    partial_option,
+    stage_batches,
+    stage_schema,
+    write_regions,
+)
 from memwal_df.spark.stream_sink import MemWalStreamWriter
 from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
 from memwal_df.table import Table, open_table
@@ -237,6 +246,7 @@ class MemWalWriter(DataSourceArrowWriter):
             raise InvalidConfigError(f"operation must be one of {OPERATIONS}, got {self.operation!r}")
         self.durable = options.get("durable", "true").lower() != "false"
         self.allow_non_key = options.get("allow_non_key_region_columns", "false").lower() == "true"
+        self.partial = partial_option(options)
         ref.open().check_writable(self.allow_non_key)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
@@ -249,7 +259,7 @@ class MemWalWriter(DataSourceArrowWriter):
                 if self.operation == "delete":
                     writer.delete(data)
                 else:
-                    writer.put(data)
+                    writer.put(data, partial=self.partial)
                 rows += batch.num_rows
             regions = {rid: w.epoch for rid, w in writer.writers.items()}
         return WriteReport.of_task(regions, rows)
@@ -273,14 +283,17 @@ class StagedWriter(MemWalWriter):
 
     def __init__(self, ref: TableRef, schema: StructType, options: Mapping[str, str]) -> None:
         super().__init__(ref, options)
-        check_routable(ref.open(), schema.names, keys_only=self.operation == "delete")
+        check_routable(ref.open(), schema.names, keys_only=self.operation == "delete", partial=self.partial)
         self.job = StagedJob.from_options(self.operation, self.durable, options, self.allow_non_key)
+        self.columns = list(schema.names)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
         """Stage this task's rows, then write them region by region (module `staging`)."""
         table, job = self.ref.open(), self.job
-        with RegionStage(stage_schema(table, job.operation), job.memory_bytes, job.spill_dir) as stage:
-            rows = stage_batches(table, iterator, job.operation, stage)
+        partial_columns = self.columns if job.partial else None
+        schema = stage_schema(table, job.operation, partial_columns)
+        with RegionStage(schema, job.memory_bytes, job.spill_dir) as stage:
+            rows = stage_batches(table, iterator, job.operation, stage, job.partial)
             regions = write_regions(table, stage, job, job.holder(_partition()))
         return WriteReport.of_task(regions, rows)
 

@@ -32,11 +32,12 @@ stale task before each claim (`StagedJob.check_live`): the streaming sink
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Self
@@ -48,6 +49,7 @@ from memwal_df.format import layout, lease
 from memwal_df.format.schema import key_rows, upsert_rows
 from memwal_df.format.storage import Storage
 from memwal_df.table import Table
+from memwal_df.write.partial import partial_rows, partial_schema
 from memwal_df.write.table_writer import TableWriter, group_by_region
 
 DEFAULT_STAGE_MEMORY_BYTES = 256 * 1024 * 1024
@@ -67,6 +69,7 @@ class StagedJob:
     lease_ttl: timedelta = DEFAULT_LEASE_TTL
     spill_dir: str | None = None
     allow_non_key_region_columns: bool = False
+    partial: bool = False  # upserts carry the key and some columns (`put(partial=True)`)
 
     @classmethod
     def from_options(
@@ -76,8 +79,8 @@ class StagedJob:
         options: Mapping[str, str],
         allow_non_key_region_columns: bool = False,
     ) -> Self:
-        """A new job (fresh id) with the data source options `stage_memory_bytes`, `lease_ttl_s`
-        and `spill_dir`."""
+        """A new job (fresh id) with the data source options `stage_memory_bytes`, `lease_ttl_s`,
+        `spill_dir` and `partial`."""
         try:
             memory = int(options.get("stage_memory_bytes") or DEFAULT_STAGE_MEMORY_BYTES)
             ttl = float(options.get("lease_ttl_s") or DEFAULT_LEASE_TTL.total_seconds())
@@ -94,6 +97,7 @@ class StagedJob:
             timedelta(seconds=ttl),
             spill,
             allow_non_key_region_columns,
+            partial_option(options),
         )
 
     def lease_dir(self, region: uuid.UUID | None = None) -> str:
@@ -111,6 +115,8 @@ class StagedJob:
     def write_region(self, writer: TableWriter, stage: RegionStage, region: uuid.UUID) -> None:
         """Write the staged rows of `region` through `writer`: puts or deletes, in staged order."""
         write: Any = writer.delete if self.operation == "delete" else writer.put
+        if self.partial and self.operation != "delete":
+            write = functools.partial(writer.put, partial=True)
         for chunk in stage.chunks(region, writer.config.max_memtable_rows):
             write(chunk)
 
@@ -208,14 +214,27 @@ def _coalesce(pieces: Iterable[pa.RecordBatch | pa.Table], max_rows: int) -> Ite
         yield pa.concat_tables(buffer)
 
 
-def stage_batches(table: Table, batches: Iterable[pa.RecordBatch], operation: str, stage: RegionStage) -> int:
-    """Validate every batch as `TableWriter.put` / `delete` does and stage its rows by region (the
-    table writer's routing); returns the number of rows."""
+def partial_option(options: Mapping[str, str]) -> bool:
+    """The data source option `partial` ("true" / "false", default false): upserts carry the primary
+    key and any subset of the other columns, each row updating only those (`TableWriter.put`)."""
+    value = (options.get("partial") or "false").lower()
+    if value not in ("true", "false"):
+        raise InvalidConfigError(f'option partial must be "true" or "false", got {value!r}')
+    return value == "true"
+
+
+def stage_batches(
+    table: Table, batches: Iterable[pa.RecordBatch], operation: str, stage: RegionStage, partial: bool = False
+) -> int:
+    """Validate every batch as `TableWriter.put` (`partial`: as a partial put) / `delete` does and
+    stage its rows by region (the table writer's routing); returns the number of rows."""
     ts = table.schema
     total = 0
     for batch in batches:
         if operation == "delete":
             rows = key_rows(ts, batch)
+        elif partial:
+            rows = partial_rows(ts, pa.Table.from_batches([batch]))
         else:
             rows = upsert_rows(ts, pa.Table.from_batches([batch]))
         stage_rows(table, rows, stage)
@@ -233,9 +252,14 @@ def stage_rows(table: Table, rows: pa.Table, stage: RegionStage) -> None:
         stage.add(table.region_id_for(values), group)
 
 
-def stage_schema(table: Table, operation: str) -> pa.Schema:
-    """The schema of staged rows: the table's, or its key columns' for deletes."""
-    return table.schema.key_schema if operation == "delete" else table.schema.schema
+def stage_schema(table: Table, operation: str, partial_columns: Sequence[str] | None = None) -> pa.Schema:
+    """The schema of staged rows: the table's, its key columns' for deletes, or that of partial rows
+    of `partial_columns` (a partial upsert's input columns)."""
+    if operation == "delete":
+        return table.schema.key_schema
+    if partial_columns is not None:
+        return partial_schema(table.schema, partial_columns)
+    return table.schema.schema
 
 
 def write_regions(table: Table, stage: RegionStage, job: StagedJob, holder: str) -> dict[uuid.UUID, int]:

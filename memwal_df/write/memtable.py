@@ -142,11 +142,30 @@ class MemTable:
         return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
 
     def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
-        """The newest rows (tombstones included) of the given keys that this MemTable holds."""
-        newest = self.newest()
+        """The newest rows (tombstones included) of the given keys that this MemTable holds, in
+        forward write order: one hash probe of the newest rows' keys (kept between writes), then a
+        take of the rows found."""
+        positions = self._newest_positions()
+        held = self._newest_cache[3]
+        if held is None:
+            return self.schema.empty_table()
         asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
-        held = [newest.column(name).combine_chunks() for name in self.primary_key]
-        return newest.filter(pc.is_in(pk_index_key(held), value_set=pk_index_key(asked)))
+        hit = pc.is_in(held, value_set=pk_index_key(asked)).to_numpy(zero_copy_only=False)
+        at = np.flatnonzero(hit) if positions is None else positions[hit]
+        return self._take(at)
+
+    def _take(self, positions: np.ndarray) -> pa.Table:
+        """The rows at ascending `positions`, taken from the batches that hold them (a take over the
+        whole MemTable would first combine all of its batches)."""
+        if len(positions) == 0:
+            return self.schema.empty_table()
+        ends = np.cumsum([b.num_rows for b in self.batches])
+        which = np.searchsorted(ends, positions, side="right")
+        parts = []
+        for i in np.unique(which).tolist():
+            local = positions[which == i] - (ends[i] - self.batches[i].num_rows)
+            parts.append(self.batches[i].take(pa.array(local)))
+        return pa.Table.from_batches(parts, schema=self.schema)
 
 
 def _newest_of(keys: pa.Array) -> np.ndarray | None:

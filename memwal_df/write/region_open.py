@@ -3,7 +3,9 @@ region values (created with its field entries if new).
 
 Both claim the region (`RegionWriter`), so a second writer of the same region fences the first. The
 writer gets what it needs from the handle: storage, schema, data storage version, the current region
-spec, the region's values and the maintained indexes resolved at open.
+spec, the region's values, the maintained indexes resolved at open and the current-row lookup of
+partial and conditional writes (`memwal_df.write.partial.CurrentRows`, injected by the layer that
+opens writers).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from memwal_df.errors import RegionRoutingError, UnknownRegionError
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.regions.values import encode_non_null_region_value, result_arrow_type
 from memwal_df.format.table_handle import TableHandle
+from memwal_df.write.partial import CurrentRows
 from memwal_df.write.region_writer import RegionContext, RegionWriter
 from memwal_df.write.writer_config import WriterConfig
 
 
-def open_region_writer(table: TableHandle, region_id: uuid.UUID, config: WriterConfig) -> RegionWriter:
+def open_region_writer(
+    table: TableHandle, region_id: uuid.UUID, config: WriterConfig, current_rows: CurrentRows | None = None
+) -> RegionWriter:
     """Claim the existing region `region_id` and return its writer. On a table without a region
     spec any new `region_id` is a new region; on a table with one, a region id that names no
     existing region raises `UnknownRegionError` (new regions are named by their values)."""
@@ -33,7 +38,7 @@ def open_region_writer(table: TableHandle, region_id: uuid.UUID, config: WriterC
         )
     values = table.region_values(m) if m is not None else None
     entries = {e.field_id: e.value for e in m.shard_field_entries} if m is not None and values else {}
-    return _open(table, region_id, values, entries, config)
+    return _open(table, region_id, values, entries, config, current_rows)
 
 
 def open_routed_writer(
@@ -42,6 +47,7 @@ def open_routed_writer(
     config: WriterConfig,
     *,
     allow_non_key_region_columns: bool = False,
+    current_rows: CurrentRows | None = None,
 ) -> RegionWriter:
     """Claim the region of `values` (one region value per field of the current spec) and return its
     writer; a new region is created with its field entries. Raises `RegionRoutingError` for values
@@ -64,7 +70,7 @@ def open_routed_writer(
         for f, v in zip(spec.fields, values, strict=True)
         if v is not None
     }
-    return _open(table, table.region_id_for(values), values, entries, config)
+    return _open(table, table.region_id_for(values), values, entries, config, current_rows)
 
 
 def _open(
@@ -73,6 +79,7 @@ def _open(
     values: tuple[Any, ...] | None,
     entries: dict[str, bytes],
     config: WriterConfig,
+    current_rows: CurrentRows | None,
 ) -> RegionWriter:
     ctx = RegionContext(
         storage=table.storage,
@@ -82,5 +89,6 @@ def _open(
         region_values=values,
         field_entries=entries,
         indexes=table.maintained_indexes(),
+        current_rows=current_rows,
     )
     return RegionWriter(ctx, region_id, config)

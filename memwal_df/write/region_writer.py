@@ -11,6 +11,8 @@ Life cycle (spec "Writer Expectations", Lance 14's protocol), each step in the p
    position.
 3. Write (`memwal_df.write.wal_commit`): validate, append to the WAL (durable mode: before returning,
    concurrent writes sharing an entry; otherwise batched by size, count and time), add to the MemTable.
+   A partial or conditional write (`memwal_df.write.partial`) first reads the current rows of its keys
+   and merges them into full rows, in one read-modify-write step no other write of the region enters.
 4. MemTable flush (`memwal_df.write.flush`; background, or `flush()`/`close()`): seal the MemTable,
    write it as a generation (a few of a region at once), then, in generation order and once every
    WAL entry holding its rows is stored, commit a manifest version that lists it, after checking the
@@ -30,25 +32,35 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.errors import MemWalError, RegionRoutingError
+from memwal_df.errors import InvalidConfigError, MemWalError, RegionRoutingError
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
-from memwal_df.format.schema import TableSchema, delete_batch, upsert_chunks, with_tombstone
+from memwal_df.format.schema import TableSchema, delete_batch, to_table, upsert_chunks, with_tombstone
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.write.claim import claim, replay
 from memwal_df.write.flush import FlushPipeline
 from memwal_df.write.memtable import MemTable, MemTableSnapshot
 from memwal_df.write.memtable_index import BackgroundIndexer
+from memwal_df.write.partial import (
+    Applied,
+    Condition,
+    CurrentRows,
+    chunks,
+    merge,
+    needed_columns,
+    put_condition,
+)
 from memwal_df.write.region_state import RegionState
 from memwal_df.write.wal_commit import WalCommitter
 from memwal_df.write.writer_config import WriterConfig
@@ -67,6 +79,7 @@ class RegionContext:
     region_values: tuple[Any, ...] | None  # this region's values under `spec`, None for manual regions
     field_entries: dict[str, bytes]
     indexes: tuple[MaintainedIndex, ...] = ()  # the maintained indexes, resolved at writer open
+    current_rows: CurrentRows | None = None  # for partial and conditional writes (`memwal_df.write.partial`)
 
 
 class RegionWriter:
@@ -114,11 +127,22 @@ class RegionWriter:
 
     # ------------------------------------------------------------------ public API
 
-    def put(self, data: Any) -> None:
-        """Upsert whole rows (any accepted input: pa.Table, RecordBatch, RecordBatchReader, pandas,
-        dict, list of row dicts; every column of the table, `memwal_df.format.schema`). Raises
+    def put(
+        self, data: Any, *, partial: bool = False, if_match: Mapping[str, Any] | None = None
+    ) -> Applied | None:
+        """Upsert rows (any accepted input: pa.Table, RecordBatch, RecordBatchReader, pandas, dict,
+        list of row dicts). Whole rows (every column of the table, `memwal_df.format.schema`) unless
+        `partial`: then the primary key and any subset of the other columns, each row updating only
+        the columns it carries (`memwal_df.write.partial`). `if_match` (column -> expected value, a
+        scalar or one per row) applies a row only where the key's live row holds those values, and
+        returns which rows were applied; an unconditional put returns None. Raises
         `WriterClosedError` once the writer is closed."""
         self._state.check_usable()
+        if partial or if_match is not None:
+            table = to_table(data)
+            condition = put_condition(self.ctx.schema, if_match, table.num_rows)
+            applied = self._write_merged(table, partial, condition)
+            return applied if if_match is not None else None
         for rows in upsert_chunks(self.ctx.schema, data, self.config.max_memtable_rows):
             if rows.num_rows == 0:
                 continue
@@ -126,6 +150,55 @@ class RegionWriter:
             self._check_region(batch)
             self._wal_commit.write(batch)
             self._state.stats["puts"] += 1
+        return None
+
+    def insert_if_absent(self, data: Any, *, partial: bool = False) -> Applied:
+        """Insert the rows whose key has no live row (absent or deleted); keep the existing rows.
+        Whole rows unless `partial` (missing columns NULL). Returns which rows were inserted."""
+        self._state.check_usable()
+        return self._write_merged(to_table(data), partial, Condition("insert_if_absent"))
+
+    def _write_merged(self, table: pa.Table, partial: bool, condition: Condition) -> Applied:
+        """Conform and apply a partial or conditional write in chunks of `max_memtable_rows` rows,
+        each one read-modify-write (one WAL entry of full rows)."""
+        ts = self.ctx.schema
+        parts = []
+        for offset, rows, cond in chunks(ts, table, partial, condition, self.config.max_memtable_rows):
+            parts.append((np.arange(offset, offset + rows.num_rows), self.apply_merged(rows, cond)))
+        return Applied.combine(ts, parts, table.num_rows)
+
+    def apply_merged(self, rows: pa.Table, condition: Condition, routed: bool = False) -> Applied:
+        """Write conformed rows (`partial_rows` or `upsert_rows`) merged with the current rows of their
+        keys under `condition`, as one read-modify-write: no other write of the region comes between
+        the read and the write, and the read sees every write accepted before it. `routed`: the table
+        writer routed the rows to this region already."""
+        lookup = self.ctx.current_rows
+        if lookup is None:
+            raise InvalidConfigError(
+                "this writer has no row lookup for partial or conditional writes: open it with "
+                "table.writer() or table.region_writer()"
+            )
+        ts = self.ctx.schema
+        if rows.num_rows == 0:
+            return Applied(np.zeros(0, dtype=bool), ts.key_schema.empty_table())
+        keys = rows.select(list(ts.primary_key))
+        columns = needed_columns(ts, rows, condition)
+
+        def build() -> tuple[pa.RecordBatch | None, np.ndarray]:
+            state = self._state
+            memtables = [(mt.generation, mt.lookup(keys.columns)) for mt in [*state.sealed, state.active]]
+            current = lookup(self.region_id, state.manifest, memtables, keys, columns)
+            full, mask = merge(ts, rows, condition, current)
+            if full.num_rows == 0:
+                return None, mask
+            batch = with_tombstone(ts, full, False)
+            if not routed:
+                self._check_region(batch)
+            return batch, mask
+
+        mask = self._wal_commit.write_exclusive(build, rows.nbytes)
+        self._state.stats["puts"] += 1
+        return Applied(mask, keys.filter(pa.array(mask)))
 
     def write_routed(self, rows: pa.Table, deleted: bool) -> None:
         """Write rows that the table writer already validated and routed to this region.

@@ -11,13 +11,16 @@ region receives a row of it, and a put lacking a column writes nothing; a write 
 regions is applied region by region (regions are independent, there is no cross-region atomicity), so
 a region whose manifest or WAL entry cannot be decoded refuses only its own rows; `close()` flushes
 and closes every region writer, reporting the first error, and every later put, delete or flush raises
-`WriterClosedError`.
+`WriterClosedError`. A partial or conditional write (`memwal_df.write.partial`) is routed the same way;
+each region's part is one read-modify-write of its writer (regions in parallel), and the regions'
+answers are combined in input order.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,8 +36,9 @@ from memwal_df.errors import (
     WriterClosedError,
 )
 from memwal_df.format.regions.spec import RegionSpec
-from memwal_df.format.schema import key_rows, tombstone_rows, upsert_chunks
+from memwal_df.format.schema import key_rows, to_table, tombstone_rows, upsert_chunks
 from memwal_df.format.table_handle import TableHandle
+from memwal_df.write.partial import Applied, Condition, CurrentRows, chunks, put_condition
 from memwal_df.write.region_open import open_routed_writer
 from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.writer_config import WriterConfig
@@ -47,7 +51,12 @@ class TableWriter:
     writes of one region share WAL entries (group commit, `RegionWriter`)."""
 
     def __init__(
-        self, table: TableHandle, config: WriterConfig, *, allow_non_key_region_columns: bool = False
+        self,
+        table: TableHandle,
+        config: WriterConfig,
+        *,
+        allow_non_key_region_columns: bool = False,
+        current_rows: CurrentRows | None = None,
     ) -> None:
         if table.spec is None:
             raise RegionRoutingError(
@@ -56,6 +65,7 @@ class TableWriter:
         table.check_writable(allow_non_key_region_columns)
         self.table = table
         self._allow_non_key = allow_non_key_region_columns
+        self._current_rows = current_rows
         self.spec = table.spec
         self.config = config
         self.writers: dict[uuid.UUID, RegionWriter] = {}
@@ -64,8 +74,13 @@ class TableWriter:
         self._lock = threading.Lock()  # guards opening region writers and the pool
         self._closed = False
 
-    def put(self, data: Any) -> None:
-        """Upsert whole rows (every column of the table, `memwal_df.format.schema`), routed to their regions.
+    def put(
+        self, data: Any, *, partial: bool = False, if_match: Mapping[str, Any] | None = None
+    ) -> Applied | None:
+        """Upsert rows, routed to their regions: whole rows (every column of the table,
+        `memwal_df.format.schema`), or with `partial` the primary key and any subset of the other
+        columns; `if_match` applies a row only where its key's live row holds the expected values and
+        returns which rows were applied (see `RegionWriter.put`; an unconditional put returns None).
 
         Rows of a region whose manifest or WAL entry cannot be decoded are refused: the rows of the
         other regions are written, then that region's `CorruptWalEntryError` / `CorruptManifestError`
@@ -73,9 +88,42 @@ class TableWriter:
         `max_memtable_rows` is written in chunks of that many rows; chunks after the one that raised
         are not written. `delete` does the same."""
         self._check_open()
+        if partial or if_match is not None:
+            table = to_table(data)
+            condition = put_condition(self.table.schema, if_match, table.num_rows)
+            applied = self._write_merged(table, partial, condition)
+            return applied if if_match is not None else None
         for table in upsert_chunks(self.table.schema, data, self.config.max_memtable_rows):
             if table.num_rows:
                 self._write_parts(self._route(table), deleted=False)
+        return None
+
+    def insert_if_absent(self, data: Any, *, partial: bool = False) -> Applied:
+        """Insert the rows whose key has no live row, keep the existing ones; returns which rows were
+        inserted (see `RegionWriter.insert_if_absent`)."""
+        self._check_open()
+        return self._write_merged(to_table(data), partial, Condition("insert_if_absent"))
+
+    def _write_merged(self, table: pa.Table, partial: bool, condition: Condition) -> Applied:
+        """A partial or conditional write, chunk by chunk: each chunk's rows routed, each region's
+        part one read-modify-write of its writer; the regions' answers combined in input order."""
+        ts = self.table.schema
+        parts: list[tuple[np.ndarray, Applied]] = []
+        for offset, rows, cond in chunks(ts, table, partial, condition, self.config.max_memtable_rows):
+            if not self.spec.reads_only(ts.field_ids[c] for c in rows.column_names):
+                raise RegionRoutingError(
+                    "the region spec reads columns the partial rows do not carry: give them, or write "
+                    "through table.region_writer(region_id)"
+                )
+            groups = group_positions(self.spec, ts.field_ids, rows)
+            writers, unavailable = self._open([values for values, _ in groups])
+            routed = [(w, pos) for w, (_, pos) in zip(writers, groups, strict=True) if w is not None]
+            calls = [(w.apply_merged, (rows.take(pa.array(pos)), cond.take(pos), True)) for w, pos in routed]
+            results = self._run(calls)  # lookups read storage: regions in parallel in both modes
+            parts += [(offset + pos, applied) for (_, pos), applied in zip(routed, results, strict=True)]
+            if unavailable:
+                raise _refused(unavailable, False)
+        return Applied.combine(ts, parts, table.num_rows)
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key; the region spec must depend on key columns only."""
@@ -129,21 +177,23 @@ class TableWriter:
                 errors.append(e)
         return writers, errors
 
-    def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
+    def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
         """Run the calls (one per region) concurrently, the first in this thread; raise the first
-        error after all finished."""
+        error after all finished, else return their results in call order."""
         if not calls:
-            return
+            return []
         futures = [self._region_pool().submit(fn, *args) for fn, args in calls[1:]]
         errors: list[BaseException] = []
         fn, args = calls[0]
+        first = None
         try:
-            fn(*args)
+            first = fn(*args)
         except Exception as e:  # reported once the other regions' calls are done too
             errors.append(e)
         errors += [error for f in futures if (error := f.exception()) is not None]
         if errors:
             raise errors[0]
+        return [first, *(f.result() for f in futures)]
 
     def close(self) -> None:
         """Flush and close every region writer; raises the first error after closing all of them.
@@ -198,7 +248,11 @@ class TableWriter:
                 w = self._by_values.get(values)
                 if w is None:
                     w = open_routed_writer(
-                        self.table, values, self.config, allow_non_key_region_columns=self._allow_non_key
+                        self.table,
+                        values,
+                        self.config,
+                        allow_non_key_region_columns=self._allow_non_key,
+                        current_rows=self._current_rows,
                     )
                     self.writers[w.region_id] = self._by_values[values] = w
         return w
@@ -224,19 +278,32 @@ def group_by_region(
     spec: RegionSpec, field_ids: dict[str, int], table: pa.Table
 ) -> list[tuple[tuple[Any, ...], pa.Table]]:
     """(region values, rows) groups of `table` under `spec`, rows in their input order within each
-    group (one vectorized spec evaluation and a stable sort by the value tuples' codes)."""
+    group (one vectorized spec evaluation, a stable sort by the value tuples' codes, one take)."""
+    groups = group_positions(spec, field_ids, table)
+    if len(groups) == 1:
+        return [(groups[0][0], table)]
+    grouped = table.take(pa.array(np.concatenate([positions for _, positions in groups])))
+    out, start = [], 0
+    for values, positions in groups:
+        out.append((values, grouped.slice(start, len(positions))))
+        start += len(positions)
+    return out
+
+
+def group_positions(
+    spec: RegionSpec, field_ids: dict[str, int], table: pa.Table
+) -> list[tuple[tuple[Any, ...], np.ndarray]]:
+    """(region values, ascending row positions) groups of `table` under `spec`."""
     values = spec.evaluate(table, field_ids)
     codes = value_codes(values, table.num_rows)
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
     starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
     ends = np.r_[starts[1:], len(order)]
-    grouped = table.take(pa.array(order)) if len(starts) > 1 else table
-    out = []
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        key = region_of_row(values, int(order[start]))
-        out.append((key, grouped.slice(start, end - start)))
-    return out
+    return [
+        (region_of_row(values, int(order[start])), order[start:end])
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True)
+    ]
 
 
 def value_codes(values: list[pa.Array], num_rows: int) -> np.ndarray:

@@ -10,13 +10,17 @@ Guarantees: one appender at a time, so WAL positions follow write order and the 
 in WAL order; a durable write that returned is stored; a WAL entry of a newer MemTable is never stored
 before an older sealed MemTable holding unlogged writes is committed as a generation (a crash loses
 only the newest writes); a WAL position taken by another epoch fences the writer; an entry of ours
-found at the position (an append that raised but landed) is adopted, never written twice.
+found at the position (an append that raised but landed) is adopted, never written twice; a
+read-modify-write (`write_exclusive`) reads after every earlier accepted write reached the MemTable and
+writes before any later one is accepted.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -29,6 +33,7 @@ from memwal_df.write.region_state import RegionState
 from memwal_df.write.writer_config import WriterConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class WalCommitter:
@@ -46,62 +51,97 @@ class WalCommitter:
     def write(self, batch: pa.RecordBatch) -> None:
         """Accept one validated batch (WAL schema); in durable mode, return once it is stored."""
         if self._config.durable_write:
-            self._write_durable(batch)
+            with self._state.cond:
+                group, generation = self._join(batch)
+            self._complete(group, generation)
             return
-        state = self._state
-        with state.cond:
-            state.check_usable()
-            self._wait_for_room(batch.nbytes)
-            if not state.pending:
-                state.pending_since = time.monotonic()
-            state.pending.append(batch)
-            state.pending_bytes += batch.nbytes
-            if self._wal_buffer_full():
-                self._close_entry()
-            if len(state.pending) <= 1:
-                state.cond.notify_all()  # the WAL loop starts its timer, or appends
-            self._add([batch])
+        with self._state.cond:
+            self._buffer(batch)
 
-    def _write_durable(self, batch: pa.RecordBatch) -> None:
-        """Group commit: a write joins the group of writes waiting for the next WAL entry; the first
-        of them to find no append in flight appends the whole group as one entry (outside the lock),
-        adds it to the MemTable and wakes the others. Every write of the group returns (or raises
-        the append's error) once that entry is stored. A writer used from one thread writes one entry
-        per write."""
+    def write_exclusive(self, build: Callable[[], tuple[pa.RecordBatch | None, T]], incoming: int) -> T:
+        """A read-modify-write: run `build` (it reads the region's rows and returns the batch to write,
+        or None, and a result) once every earlier accepted write is in the active MemTable, then
+        write its batch, with no other write accepted in between. `incoming`: the bytes expected, for
+        backpressure. Returns `build`'s result once the batch is written (durable mode: stored)."""
         state = self._state
         with state.cond:
             state.check_usable()
+            while True:
+                self._wait_for_room(incoming)
+                if not self._config.durable_write or (not state.appending and self._joining is None):
+                    break
+                state.cond.wait()  # a durable group in flight: its rows are not in the MemTable yet
+                state.check_usable()
+            batch, result = build()
+            if batch is None or batch.num_rows == 0:
+                return result
+            if not self._config.durable_write:
+                self._buffer(batch, room_checked=True)
+                return result
+            group, generation = self._join(batch, room_checked=True)  # leads: nothing is in flight
+        self._complete(group, generation)
+        return result
+
+    def _buffer(self, batch: pa.RecordBatch, room_checked: bool = False) -> None:
+        """Non-durable mode: take the batch into the WAL buffer and the MemTable (caller holds the lock)."""
+        state = self._state
+        state.check_usable()
+        if not room_checked:
             self._wait_for_room(batch.nbytes)
-            group = self._joining
-            if group is None:
-                group = self._joining = _Group()
-            group.batches.append(batch)
-            while state.appending and not group.done:
-                state.cond.wait()
-            if not group.done:  # lead the group
-                self._joining = None
-                try:
-                    state.check_usable()
-                except MemWalError as e:
-                    group.finish(e)
-                    state.cond.notify_all()
-                    raise
-                state.appending = True
-                generation = state.active.generation
+        if not state.pending:
+            state.pending_since = time.monotonic()
+        state.pending.append(batch)
+        state.pending_bytes += batch.nbytes
+        if self._wal_buffer_full():
+            self._close_entry()
+        if len(state.pending) <= 1:
+            state.cond.notify_all()  # the WAL loop starts its timer, or appends
+        self._add([batch])
+
+    def _join(self, batch: pa.RecordBatch, room_checked: bool = False) -> tuple[_Group, int | None]:
+        """Durable mode, group commit (caller holds the lock): the batch joins the group of writes
+        waiting for the next WAL entry; the first of them to find no append in flight leads it.
+        Returns the group and, for its leader, the generation of the MemTable the entry belongs to
+        (None: another write led the group, which is done)."""
+        state = self._state
+        state.check_usable()
+        if not room_checked:
+            self._wait_for_room(batch.nbytes)
+        group = self._joining
+        if group is None:
+            group = self._joining = _Group()
+        group.batches.append(batch)
+        while state.appending and not group.done:
+            state.cond.wait()
         if group.done:
-            group.result()
-            return
-        error: BaseException | None = None
+            return group, None
+        self._joining = None
         try:
-            self._append_wal(group.batches, generation)
-        except BaseException as e:
-            error = e
-        with state.cond:
-            state.appending = False
-            if error is None:
-                self._add(group.batches)
-            group.finish(error)
+            state.check_usable()
+        except MemWalError as e:
+            group.finish(e)
             state.cond.notify_all()
+            raise
+        state.appending = True
+        return group, state.active.generation
+
+    def _complete(self, group: _Group, generation: int | None) -> None:
+        """Durable mode, without the lock: the leader appends the group as one WAL entry and adds it
+        to the MemTable; every write of the group returns (or raises the append's error) once that
+        entry is stored. A writer used from one thread writes one entry per write."""
+        if generation is not None:
+            state = self._state
+            error: BaseException | None = None
+            try:
+                self._append_wal(group.batches, generation)
+            except BaseException as e:
+                error = e
+            with state.cond:
+                state.appending = False
+                if error is None:
+                    self._add(group.batches)
+                group.finish(error)
+                state.cond.notify_all()
         group.result()
 
     def _add(self, batches: list[pa.RecordBatch]) -> None:

@@ -1,0 +1,123 @@
+"""Partial-upsert throughput next to full upserts of the same keys (the partial figures of
+docs/performance.md, run by bench/write.py).
+
+The table is the reference workload plus a sixth column, `count` int64, with a btree index on `id` in
+the base. Before the timed part the writer already holds keys in every level: a third of the keys
+updated are base keys, a third were written and flushed into generations, a third sit in the active
+MemTables. The timed part updates those keys in `batch`-row puts, either as full rows (all 6 columns)
+or as partial rows (`id`, `value`, `count`: 2 of the 5 value columns), each followed by `close()`.
+Both runs start from identically prepared tables; only the puts and the close are timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import lance
+import numpy as np
+import pyarrow as pa
+from _workload import NUM_REGIONS, Workload
+
+import memwal_df as mw
+
+CARRIED = ["id", "value", "count"]
+
+
+@dataclass
+class PartialRun:
+    kind: str  # "full" | "partial"
+    durable: bool
+    rows: int
+    put_s: float
+    close_s: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / (self.put_s + self.close_s)
+
+
+def with_count(rows: pa.Table, shift: int = 0) -> pa.Table:
+    """`rows` with the sixth column `count` (derived from the key, plus `shift`)."""
+    ids = rows.column("id").to_numpy()
+    return rows.append_column("count", pa.array(ids % 1000 + shift, pa.int64()))
+
+
+def update_batches(
+    wl: Workload, spread: tuple[np.ndarray, np.ndarray, np.ndarray], seed: int = 7
+) -> list[pa.Table]:
+    """The timed updates: the workload's batch shapes, each batch's keys drawn a third from each level
+    (base keys, generation keys, MemTable keys), values from the workload's rows."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for batch in wl.batches:
+        n = batch.num_rows
+        parts = [rng.choice(pool, n // 3 + (i < n % 3), replace=False) for i, pool in enumerate(spread)]
+        ids = np.concatenate(parts)
+        rng.shuffle(ids)
+        out.append(with_count(batch.set_column(0, "id", pa.array(ids, pa.int64())), shift=1))
+    return out
+
+
+def prepare(
+    uri: str, wl: Workload, memtable_rows: int, durable: bool
+) -> tuple[mw.TableWriter, tuple[np.ndarray, ...]]:
+    """A table of the workload's base (btree on `id`) whose writer holds flushed generations and
+    unflushed MemTables; the three key pools (base, generations, MemTables)."""
+    table = mw.create_table(uri, with_count(wl.base), "id", region_spec=mw.bucket("id", NUM_REGIONS))
+    lance.dataset(uri).create_scalar_index("id", "BTREE")
+    table.refresh()
+    base_keys = wl.base.column("id").to_numpy()
+    n = len(base_keys) // 4
+    start = int(base_keys.max()) + 1 + 10 * sum(b.num_rows for b in wl.batches)  # above every workload key
+    gen_keys = np.arange(start, start + n, dtype=np.int64)
+    mem_keys = gen_keys + n
+    w = table.writer(durable=durable, max_memtable_rows=memtable_rows)
+    fill = wl.base.slice(0, n)
+    w.put(with_count(fill.set_column(0, "id", pa.array(gen_keys))))
+    w.flush()
+    w.put(with_count(fill.set_column(0, "id", pa.array(mem_keys))))
+    return w, (base_keys, gen_keys, mem_keys)
+
+
+def run_partial(
+    new_uri: Callable[[str], str], wl: Workload, memtable_rows: int, durable: bool, partial: bool
+) -> PartialRun:
+    """One timed run of full or partial updates (see the module docstring)."""
+    mode = "d" if durable else "nd"
+    w, spread = prepare(new_uri(f"{'partial' if partial else 'full'}-{mode}"), wl, memtable_rows, durable)
+    batches = update_batches(wl, spread)
+    if partial:
+        batches = [b.select(CARRIED) for b in batches]
+    t0 = time.perf_counter()
+    for b in batches:
+        w.put(b, partial=partial)
+    t1 = time.perf_counter()
+    w.close()
+    t2 = time.perf_counter()
+    return PartialRun(
+        "partial" if partial else "full", durable, sum(b.num_rows for b in batches), t1 - t0, t2 - t1
+    )
+
+
+def markdown(runs: list[PartialRun]) -> str:
+    """A table: per mode, full and partial rows/s (median of the repeats), their ratio and the added
+    cost per row of a partial upsert."""
+    lines = [
+        "| mode | full upserts rows/s | partial upserts rows/s | partial / full | added cost per row |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for durable in sorted({r.durable for r in runs}, reverse=True):
+        full = _median(r.rows_per_s for r in runs if r.durable == durable and r.kind == "full")
+        part = _median(r.rows_per_s for r in runs if r.durable == durable and r.kind == "partial")
+        lines.append(
+            f"| {'durable' if durable else 'non-durable'} | {full:,.0f} | {part:,.0f} | {part / full:.0%} "
+            f"| {(1 / part - 1 / full) * 1e6:.1f} µs |"
+        )
+    return "\n".join(lines)
+
+
+def _median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
