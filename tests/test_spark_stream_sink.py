@@ -283,3 +283,43 @@ def test_the_streaming_example_runs_and_checks_itself(spark, tmp_path, capsys):
     spec.loader.exec_module(example)
     assert example.main(str(tmp_path / "stream"), spark) == 0
     assert "table == mirror == model: OK" in capsys.readouterr().out
+
+
+def test_a_partial_stream_updates_only_the_columns_it_carries(spark, tmp_path):
+    """`partial`: a stream of (`id`, `value`) events updates `value` only; `category` keeps each key's
+    current value, is NULL for new keys, and a key deleted then updated in one batch is new again."""
+    uri, source = new_table(tmp_path), tmp_path / "in"
+    source.mkdir()
+    first = pa.table(
+        {"id": pa.array(range(0, 300, 2), pa.int64()), "category": [f"c{i}" for i in range(150)]}
+    )
+    first = first.append_column("value", pa.array(np.zeros(150)))
+    with mw.open_table(uri).writer() as w:
+        w.put(first)
+    model: Model = {r["id"]: r for r in first.to_pylist()}
+    schema = StructType([f for f in INPUT.fields if f.name != "category"])
+    df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(source))
+    query = (
+        df.writeStream.format("memwal")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .option("partial", "true")
+        .option("delete_column", "deleted")
+        .option("order_by", "seq")
+        .trigger(availableNow=True)
+    )
+    rng = np.random.default_rng(9)
+    for step in range(2):
+        batch = events(rng, 300, 300, step).drop_columns(["category"])
+        publish(batch, source / f"{step}.parquet")
+        query.start(uri).awaitTermination(120)
+        for row in sorted(batch.to_pylist(), key=lambda r: r["seq"]):
+            if row["deleted"]:
+                model.pop(row["id"], None)
+            else:
+                model[row["id"]] = {
+                    "id": row["id"],
+                    "category": None,
+                    **model.get(row["id"], {}),
+                    "value": row["value"],
+                }
+        assert stored(uri) == model

@@ -28,6 +28,10 @@ applied in batch order.
 column of the stream, not stored: true rows delete their key, false rows upsert; a NULL flag fails
 the task with `NullDeleteFlagError` before any of its rows is written).
 
+**Partial upserts.** Option `partial` = "true": the stream carries the key and some columns, each
+upsert updating only those (`TableWriter.put(partial=True)`); keys deleted in a batch are deleted
+before its upserts are written, so a key deleted then updated starts from no row.
+
 **Concurrent queries.** Every streaming query of a table takes the same per-region leases
 (`_mem_wal/_write_leases/streams/{region}`, holder = query:batch:partition), so tasks of different
 queries take turns on a region instead of fencing each other; a retried attempt of a task takes its
@@ -61,9 +65,10 @@ from memwal_df.format.schema import key_rows, tombstone_rows, upsert_rows
 from memwal_df.format.storage import Storage
 from memwal_df.read.keys import last_per_key
 from memwal_df.spark.routing import check_routable
-from memwal_df.spark.staging import RegionStage, StagedJob, stage_rows, write_regions
+from memwal_df.spark.staging import RegionStage, StagedJob, partial_option, stage_rows, write_regions
 from memwal_df.spark.types import arrow_schema_for_spark
 from memwal_df.table import Table
+from memwal_df.write.partial import partial_rows
 from memwal_df.write.table_writer import TableWriter
 
 STREAM_LEASES = "streams"  # the lease group every streaming query of a table shares
@@ -89,6 +94,7 @@ class StreamBatch(StagedJob):
     delete_column: str | None = None
     order_by: str | None = None
     order_type: pa.DataType | None = None
+    columns: tuple[str, ...] = ()  # the table columns the stream carries (every one unless `partial`)
 
     def holder(self, partition: int) -> str:
         return f"{self.query}:{self.batch}:{partition}"
@@ -101,22 +107,29 @@ class StreamBatch(StagedJob):
             )
 
     def write_region(self, writer: TableWriter, stage: RegionStage, region: uuid.UUID) -> None:
-        """Write the newest staged row per key of `region`: upserts, then deletes (disjoint keys)."""
+        """Write the newest staged row per key of `region`: deletes, then upserts. Whole-row upserts
+        and deletes have disjoint keys. Partial upserts (`partial`): every row of a stream carries
+        the same columns, so a key's newest upsert holds all its updates, but it must start from no
+        row when the key was deleted earlier in the batch: every key deleted in the batch is deleted
+        first."""
         ts = writer.table.schema
         staged = pa.concat_tables(stage.chunks(region, max_rows=sys.maxsize))  # all of them
         rows = newest_per_key(staged, ts.primary_key, self.order_by)
         deleted = rows.column(DELETE)
-        puts = rows.filter(pc.invert(deleted)).select(ts.schema.names)
-        if puts.num_rows:
-            writer.put(puts)
         keys = rows.filter(deleted).select(list(ts.primary_key))
+        if self.partial:
+            any_delete = staged.filter(staged.column(DELETE)).select(list(ts.primary_key))
+            keys = any_delete.group_by(list(ts.primary_key), use_threads=False).aggregate([])
         if keys.num_rows:
             writer.delete(keys)
+        puts = rows.filter(pc.invert(deleted)).select(list(self.columns))
+        if puts.num_rows:
+            writer.put(puts, partial=self.partial)
 
     def stage_schema(self, table: Table) -> pa.Schema:
-        """Staged rows: the table's columns (all nullable: deletes carry keys only), the delete
-        flag, the row's position in the partition and the `order_by` value."""
-        fields = [f.with_nullable(True) for f in table.schema.schema]
+        """Staged rows: the table columns the stream carries (all nullable: deletes carry keys
+        only), the delete flag, the row's position in the partition and the `order_by` value."""
+        fields = [table.schema.schema.field(c).with_nullable(True) for c in self.columns]
         fields += [pa.field(DELETE, pa.bool_()), pa.field(SEQ, pa.int64())]
         if self.order_type is not None:
             fields.append(pa.field(ORDER, self.order_type))
@@ -153,7 +166,7 @@ def stage_stream(
             where = np.flatnonzero(flags == deleted)
             if len(where):
                 picked = data if len(where) == data.num_rows else data.take(pa.array(where))
-                rows = _tombstones(table, picked) if deleted else _upserts(table, picked, job)
+                rows = _tombstones(table, picked, job) if deleted else _upserts(table, picked, job)
                 extra = [pa.array(np.full(len(where), deleted)), pa.array(where + start)]
                 if order is not None:
                     extra.append(order.take(pa.array(where)))
@@ -179,16 +192,18 @@ def _delete_flags(data: pa.Table, job: StreamBatch) -> np.ndarray:
 
 
 def _upserts(table: Table, data: pa.Table, job: StreamBatch) -> pa.Table:
-    """`data` as `TableWriter.put` takes it, without the sink's own columns (the delete flag, an
-    `order_by` column the table lacks)."""
+    """`data` as `TableWriter.put` takes it (`partial`: as a partial put), without the sink's own
+    columns (the delete flag, an `order_by` column the table lacks)."""
     names = table.schema.schema.names
     own = [n for n in (job.delete_column, job.order_by) if n and n not in names]
-    return upsert_rows(table.schema, data.drop_columns(own))
+    rows = data.drop_columns(own)
+    return partial_rows(table.schema, rows) if job.partial else upsert_rows(table.schema, rows)
 
 
-def _tombstones(table: Table, data: pa.Table) -> pa.Table:
+def _tombstones(table: Table, data: pa.Table, job: StreamBatch) -> pa.Table:
+    """Delete rows of `data`'s keys in the staged columns: the key, NULL elsewhere."""
     ts = table.schema
-    return tombstone_rows(ts, key_rows(ts, data.select(list(ts.primary_key))))
+    return tombstone_rows(ts, key_rows(ts, data.select(list(ts.primary_key)))).select(list(job.columns))
 
 
 @dataclass(frozen=True)
@@ -206,7 +221,7 @@ class StreamReport(WriterCommitMessage):
 
 class MemWalStreamWriter(DataSourceStreamArrowWriter):
     """The sink of one streaming query (see the module docstring). Options: `operation`,
-    `delete_column`, `order_by`, and those of unrouted writes (`durable`, `stage_memory_bytes`,
+    `delete_column`, `order_by`, `partial`, and those of unrouted writes (`durable`, `stage_memory_bytes`,
     `spill_dir`, `lease_ttl_s`, `allow_non_key_region_columns`)."""
 
     def __init__(self, ref: TableLocation, schema: StructType, options: Mapping[str, str]) -> None:
@@ -268,7 +283,9 @@ def stream_job(table: Table, schema: StructType, options: Mapping[str, str]) -> 
     if delete_column is not None and not isinstance(schema[delete_column].dataType, BooleanType):
         raise SchemaMismatchError(f"the delete column {delete_column!r} must be boolean")
     ignored = {delete_column, order_by} - set(table.schema.schema.names)
-    check_routable(table, [n for n in schema.names if n not in ignored], keys_only=operation == "delete")
+    carried = [n for n in schema.names if n not in ignored]
+    partial = partial_option(options)
+    check_routable(table, carried, keys_only=operation == "delete", partial=partial)
     if delete_column is not None:  # tombstones are routed by their keys
         check_routable(table, list(table.schema.primary_key), keys_only=True)
     order_type = None
@@ -278,6 +295,13 @@ def stream_job(table: Table, schema: StructType, options: Mapping[str, str]) -> 
             raise SchemaMismatchError(f"the order_by column {order_by!r} must be of a scalar type")
     durable = options.get("durable", "true").lower() != "false"
     job = StreamBatch.from_options(operation, durable, options, allow_non_key)
+    names = table.schema.schema.names
+    columns = tuple(n for n in names if n in carried) if job.partial else tuple(names)
     return replace(
-        job, job=STREAM_LEASES, delete_column=delete_column, order_by=order_by, order_type=order_type
+        job,
+        job=STREAM_LEASES,
+        delete_column=delete_column,
+        order_by=order_by,
+        order_type=order_type,
+        columns=columns,
     )
