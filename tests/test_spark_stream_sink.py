@@ -10,8 +10,10 @@ import importlib.util
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -323,3 +325,64 @@ def test_a_partial_stream_updates_only_the_columns_it_carries(spark, tmp_path):
                     "value": row["value"],
                 }
         assert stored(uri) == model
+
+
+def test_a_driver_killed_mid_batch_restarts_from_its_checkpoint_without_loss(tmp_path):
+    """The driver process (and its JVM) SIGKILLed while a micro-batch is being written (some regions
+    flushed, the batch not recorded): a new driver from the same checkpoint writes that batch again
+    and the rest, and the table equals the model of every file applied in order."""
+    uri, inbox, ckpt = new_table(tmp_path), tmp_path / "in", tmp_path / "ckpt"
+    inbox.mkdir()
+    child = ROOT / "tests" / "support" / "stream_child.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rng, model = np.random.default_rng(17), {}
+    files = [events(rng, 2_000, 1_500, step) for step in range(4)]
+    for batch in files:
+        apply(model, batch)
+    publish(files[0], inbox / "0.parquet")
+    run = subprocess.Popen(
+        [sys.executable, str(child), "run", uri, str(inbox), str(ckpt)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its JVM too
+    )
+    try:
+        query = run.stdout.readline().split()[-1]
+        storage = mw.open_table(uri).storage
+        deadline = time.monotonic() + 120
+        while stream_commits.batches(storage, query) != [0]:  # the first file committed
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.05)
+        flushed = generations(uri)
+        publish(files[1], inbox / "1.parquet")
+        while generations(uri) == flushed:  # a region of the second file flushed
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.005)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        assert stream_commits.batches(storage, query) == [0]  # killed before the batch committed
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    for step in (2, 3):
+        publish(files[step], inbox / f"{step}.parquet")
+    drain = subprocess.run(
+        [sys.executable, str(child), "drain", uri, str(inbox), str(ckpt)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert drain.returncode == 0, drain.stderr[-3000:]
+    assert drain.stdout.split()[-1] == query  # the same query, restarted
+    assert stream_commits.batches(mw.open_table(uri).storage, query)[-1] == 3
+    assert stored(uri) == model
+
+
+def generations(uri: str) -> int:
+    """How many generations the table's regions have flushed."""
+    table = mw.open_table(uri)
+    return sum(len(s.flushed_generations) for rid in table.region_ids() if (s := table.region_status(rid)))
