@@ -60,12 +60,15 @@ def plan_point_lookup(
     field_ids: Mapping[str, int],
     keys: pa.Table,
     columns: Sequence[str] | None,
+    *,
+    base_rows: pa.Table | None = None,
 ) -> ExecNode:
     """The operator tree answering a lookup of `keys` (a table of the key columns) in `snapshot`.
 
     `columns` are the output columns (None: every column of the table); `spec` is the table's current
     region spec and `field_ids` its column name → Lance field id map (`Table.spec`,
-    `Table.schema.field_ids`).
+    `Table.schema.field_ids`). `base_rows`: the snapshot base's live rows of every asked key it holds
+    (the output columns at least), read already: the base table answers from them.
     """
     ts = snapshot.schema
     pk = list(ts.primary_key)
@@ -84,7 +87,7 @@ def plan_point_lookup(
     base = snapshot.base
 
     def take_base(k: pa.Table) -> ExecNode:
-        return TakeLastExec(base, k, out_columns, pk, snapshot.storage)
+        return TakeLastExec(base, k, out_columns, pk, snapshot.storage, taken=base_rows)
 
     # A lookup snapshot of one key holds just the regions that key may live in: nothing to route.
     routed = snapshot.lookup_keys is not None and keys.num_rows == 1

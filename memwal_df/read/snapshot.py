@@ -332,12 +332,15 @@ def region_writer_snapshot(
 ) -> ReadSnapshot:
     """One region as its writer sees it, for the writer's own lookups: the base table's open version,
     the generations `manifest` lists that version has not merged, and `memtables` ((generation,
-    newest rows of some keys), oldest first). The MemWAL index details are read before the dataset:
-    a concurrent `refresh` replaces the dataset first, so the details are never newer than the base
+    newest rows of some keys), oldest first; a generation given here is not read from storage: its
+    MemTable holds the same rows). The MemWAL index details are read before the dataset: a
+    concurrent `refresh` replaces the dataset first, so the details are never newer than the base
     (newer ones would skip generations whose rows that base lacks)."""
     details = table.details
     base = table.dataset
     region = _region_levels(table, region_id, manifest, None, memwal_index.merged_generations(details), {})
+    held = {g for g, _ in memtables}
+    region.levels = [lv for lv in region.levels if lv.generation not in held]
     region.levels[:0] = [MemTableLevel(region_id, g, table.storage, rows) for g, rows in reversed(memtables)]
     return ReadSnapshot(table.schema, base, details, [region], "latest", table.storage)
 

@@ -45,11 +45,23 @@ from memwal_df.format.schema import (
 Mode = Literal["upsert", "insert_if_absent", "if_match"]
 
 
+@dataclass(frozen=True)
+class BaseRows:
+    """The base table's live rows (some columns, the key among them) of every key of a write that the
+    base holds at `version`, taken at once for all the write's regions: a key of the write without a
+    row here has none in that version."""
+
+    version: int
+    rows: pa.Table
+
+
 class CurrentRows(Protocol):
     """The live rows (`columns` only, the key among them) of the keys in `keys` that exist in one region:
-    `memtables` (the newest rows of those keys in each of its writer's unflushed MemTables, tombstones
-    included, as (generation, rows), oldest first), then the generations `manifest` lists that are
-    not merged into the base yet, then the base table; a deleted or absent key has no row."""
+    `memtables` (the newest rows of those keys in each of its writer's MemTables, tombstones included,
+    as (generation, rows), oldest first: the unflushed ones, after the flushed ones the writer still
+    keeps, whose generations are then not read from storage), then the other generations `manifest`
+    lists that are not merged into the base yet, then the base table; a deleted or absent key has no
+    row."""
 
     def __call__(
         self,
@@ -58,7 +70,16 @@ class CurrentRows(Protocol):
         memtables: Sequence[tuple[int, pa.Table]],
         keys: pa.Table,
         columns: Sequence[str],
-    ) -> pa.Table: ...
+        base: BaseRows | None = None,
+    ) -> pa.Table:
+        """The rows; `base` (from `base_rows`, for a superset of `keys` and `columns`) answers for the
+        base table when the lookup reads that base version, else the lookup reads the base itself."""
+        ...
+
+    def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows | None:
+        """The base table's live rows of `keys` (`columns` only) in its open version, in one read;
+        None if that version cannot be read."""
+        ...
 
 
 @dataclass(frozen=True)
