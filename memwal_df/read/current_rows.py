@@ -16,14 +16,16 @@ lookup, a retry on a newer version included, reads the base itself.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import lance
 import pyarrow as pa
 
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.table_handle import TableHandle
+from memwal_df.pools import shared_pool
 from memwal_df.read.exec.take_last import TakeLastExec
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.lookup_planner import plan_point_lookup
@@ -78,23 +80,31 @@ def _may_lack_merged(region_id: uuid.UUID, manifest: pb.ShardManifest, snapshot:
     return lowest > merged + 1
 
 
-def base_rows(table: TableHandle, keys: pa.Table, columns: Sequence[str]) -> BaseRows | None:
-    """The live rows of `keys` (`columns` only) in the open version of the base, in one lookup; None
-    when that version cannot be read (its files cleaned up): each region's lookup then reads a base
-    itself."""
+def base_rows(table: TableHandle, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
+    """The live rows of `keys` (`columns` only) in the open version of the base, read in one lookup on
+    a background thread."""
     ds = table.dataset
     node = TakeLastExec(ds, keys, columns, table.schema.primary_key, table.storage)
+    return BaseRows(ds.version, tuple(node.columns), shared_pool("base-rows", 2).submit(_read, node, ds))
+
+
+def _read(node: TakeLastExec, ds: lance.LanceDataset) -> pa.Table | None:
+    """The rows of a base lookup without `_tombstone`; None when its version cannot be read (its files
+    cleaned up): each region's lookup then reads a base itself."""
     try:
         batches = list(node.execute())
     except (OSError, ValueError):
         return None
-    rows = pa.Table.from_batches(batches) if batches else table.schema.schema.empty_table()
-    return BaseRows(ds.version, rows.select(list(node.columns)))
+    rows = pa.Table.from_batches(batches) if batches else ds.schema.empty_table()
+    return rows.select(list(node.columns))
 
 
-def _taken(base: BaseRows | None, version: int, columns: Sequence[str]) -> pa.Table | None:
-    """The rows of `base` when they stand for the base of this lookup: same version, every column."""
-    if base is None or base.version != version or not set(columns) <= set(base.rows.column_names):
+def _taken(
+    base: BaseRows | None, version: int, columns: Sequence[str]
+) -> Callable[[], pa.Table | None] | None:
+    """The rows of `base`, when read, if they stand for the base of this lookup: same version, every
+    column."""
+    if base is None or base.version != version or not set(columns) <= set(base.columns):
         return None
     return base.rows
 
@@ -116,5 +126,5 @@ class WriterLookup:
     ) -> pa.Table:
         return current_rows(self.table, region_id, manifest, memtables, keys, columns, base)
 
-    def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows | None:
+    def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
         return base_rows(self.table, keys, columns)

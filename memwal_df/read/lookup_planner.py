@@ -61,14 +61,15 @@ def plan_point_lookup(
     keys: pa.Table,
     columns: Sequence[str] | None,
     *,
-    base_rows: pa.Table | None = None,
+    base_rows: Callable[[], pa.Table | None] | None = None,
 ) -> ExecNode:
     """The operator tree answering a lookup of `keys` (a table of the key columns) in `snapshot`.
 
     `columns` are the output columns (None: every column of the table); `spec` is the table's current
     region spec and `field_ids` its column name → Lance field id map (`Table.spec`,
-    `Table.schema.field_ids`). `base_rows`: the snapshot base's live rows of every asked key it holds
-    (the output columns at least), read already: the base table answers from them.
+    `Table.schema.field_ids`). `base_rows`: gives the snapshot base's live rows of every asked key it
+    holds (the output columns at least), read elsewhere: the base table answers from them (unless it
+    gives None: then it is read).
     """
     ts = snapshot.schema
     pk = list(ts.primary_key)

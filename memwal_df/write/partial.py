@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -47,12 +48,17 @@ Mode = Literal["upsert", "insert_if_absent", "if_match"]
 
 @dataclass(frozen=True)
 class BaseRows:
-    """The base table's live rows (some columns, the key among them) of every key of a write that the
-    base holds at `version`, taken at once for all the write's regions: a key of the write without a
-    row here has none in that version."""
+    """The base table's live rows (`columns`, the key among them) of every key of a write that the base
+    holds at `version`, read at once for all the write's regions while they read their own levels: a
+    key of the write without a row here has none in that version."""
 
     version: int
-    rows: pa.Table
+    columns: tuple[str, ...]
+    pending: Future[pa.Table | None]  # None: that version could not be read
+
+    def rows(self) -> pa.Table | None:
+        """The rows, once read (None if the version could not be read)."""
+        return self.pending.result()
 
 
 class CurrentRows(Protocol):
@@ -76,9 +82,9 @@ class CurrentRows(Protocol):
         base table when the lookup reads that base version, else the lookup reads the base itself."""
         ...
 
-    def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows | None:
-        """The base table's live rows of `keys` (`columns` only) in its open version, in one read;
-        None if that version cannot be read."""
+    def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
+        """The base table's live rows of `keys` (`columns` only) in its open version, read in one go
+        in the background."""
         ...
 
 

@@ -45,6 +45,7 @@ from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.schema import TableSchema, delete_batch, to_table, upsert_chunks, with_tombstone
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
@@ -192,7 +193,7 @@ class RegionWriter:
             state = self._state
             state.keep_flushed = True  # later lookups read the generations this writer flushes in memory
             held = [*state.flushed, *state.sealed, state.active]
-            memtables = [(mt.generation, mt.lookup(keys.columns)) for mt in held]
+            memtables = [(mt.generation, mt.lookup(keys.columns, [*columns, TOMBSTONE])) for mt in held]
             current = lookup(self.region_id, state.manifest, memtables, keys, columns, base)
             full, mask = merge(ts, rows, condition, current)
             if full.num_rows == 0:

@@ -137,8 +137,9 @@ class TableWriter:
         return Applied.combine(ts, parts, table.num_rows)
 
     def _base_rows(self, rows: pa.Table, condition: Condition) -> BaseRows | None:
-        """The base rows of every key of `rows`, read once for all their regions (each region's
-        lookup uses them while it reads the same base version)."""
+        """The base rows of every key of `rows`, read once for all their regions, in the background
+        while they read their own levels (each region's lookup uses them if it reads the same base
+        version)."""
         if self._current_rows is None:
             return None
         ts = self.table.schema
