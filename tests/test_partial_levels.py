@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -17,7 +16,6 @@ from support.children import SOURCE_ROOT
 from test_partial import SCHEMA, new_table, sql_rows
 
 import memwal_df as mw
-from memwal_df.jobs.maintain import cleanup_versions
 from memwal_df.read import current_rows
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.write import region_state
@@ -56,28 +54,27 @@ def test_flushed_memtables_answer_without_reading_their_generations(
     table = new_table(tmp_path)
     keys = [100, 101, 102, 103]
     model = {r["id"]: r for r in sql_rows(table).values()}
-    opened: list[int] = []
-    dataset = GenerationLevel.dataset
+    opened: list[int] = []  # generations whose files (data, bloom filter) a lookup read
+    for name in ("dataset", "bloom"):
+        read = getattr(GenerationLevel, name)
 
-    def counted(level: GenerationLevel) -> Any:
-        opened.append(level.generation)
-        return dataset(level)
+        def counted(level: GenerationLevel, read: Any = read) -> Any:
+            opened.append(level.generation)
+            return read(level)
 
-    monkeypatch.setattr(GenerationLevel, "dataset", counted)
+        monkeypatch.setattr(GenerationLevel, name, counted)
     with table.writer() as w:
         w.put({"id": keys, "b": keys}, partial=True)  # from now on their regions keep what they flush
         for round_, tag in enumerate(("x", "y")):
             w.put(pa.Table.from_pylist([full_row(k, tag) for k in keys], schema=SCHEMA))
             w.flush()
             if round_ == 0:
-                other = mw.open_table(table.uri)
-                other.merge()
-                cleanup_versions(other, timedelta(0))
-                assert other.gc(grace=timedelta(0)).regions  # the first generations are gone
+                merge_and_collect_elsewhere(table.uri)  # the first generations are gone
         opened.clear()
-        w.put({"id": keys, "b": [-k for k in keys]}, partial=True)
+        w.put({"id": [*keys, 200], "b": [-k for k in keys] + [2]}, partial=True)  # 200: a new key
         assert opened == []  # every level the writer flushed was answered in memory
     model.update({k: {**full_row(k, "y"), "b": -k} for k in keys})
+    model[200] = {"id": 200, "a": None, "b": 2, "ver": None, "vec": None}
     assert sql_rows(table) == model
 
     monkeypatch.setattr(region_state, "KEPT_FLUSHED_BYTES", 0)  # keeps nothing: storage answers
