@@ -28,6 +28,7 @@ def full_row(k: int, tag: str) -> dict[str, Any]:
 def two_regions(table: mw.Table) -> tuple[int, int]:
     """Two keys above the base's keys that route to different regions."""
     ids = pa.table({"id": pa.array(range(100, 120), pa.int64())})
+    assert table.spec is not None
     buckets = table.spec.evaluate(ids, table.schema.field_ids)[0].to_pylist()
     first = buckets[0]
     return 100, 100 + next(i for i, b in enumerate(buckets) if b != first)
@@ -102,7 +103,8 @@ def test_shared_base_rows_stand_only_for_their_base_version(
 
     def then_merge(t: Any, keys: pa.Table, columns: Any) -> Any:
         base = read(t, keys, columns)
-        assert base.rows() is not None and k not in base.rows().column("id").to_pylist()
+        rows = base.rows()
+        assert rows is not None and k not in rows.column("id").to_pylist()
         merge_and_collect_elsewhere(table.uri)
         return base
 
