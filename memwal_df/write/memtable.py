@@ -222,3 +222,31 @@ class MemTableSnapshot:
         """The full-text index of `column` over the MemTable's rows (indexing what it does not cover)."""
         mt = self.memtable
         return mt.indexes.terms(column, mt.batches, self.batches, self.rows)
+
+
+@dataclass(frozen=True)
+class FlushedRows:
+    """The newest row of every key (tombstones included) of a MemTable its writer committed as
+    generation `generation`, in one contiguous table, for the writer's own lookups (`lookup` returns
+    what the MemTable's returned)."""
+
+    generation: int
+    rows: pa.Table
+    keys: pa.Array  # the rows' keys, `pk_index_key`-encoded
+    primary_key: tuple[str, ...]
+
+    @staticmethod
+    def of(memtable: MemTable) -> FlushedRows:
+        rows = memtable.newest().combine_chunks()
+        keys = pk_index_key([rows.column(c).combine_chunks() for c in memtable.primary_key])
+        return FlushedRows(memtable.generation, rows, keys, tuple(memtable.primary_key))
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes + self.keys.nbytes
+
+    def lookup(self, keys: Sequence[pa.Array], columns: Sequence[str]) -> pa.Table:
+        """The rows (`columns` only) of the given keys."""
+        types = [self.rows.schema.field(c).type for c in self.primary_key]
+        asked = pk_index_key([k.cast(t) for k, t in zip(keys, types, strict=True)])
+        return self.rows.select(list(columns)).filter(pc.is_in(self.keys, value_set=asked))

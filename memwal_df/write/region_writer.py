@@ -51,7 +51,7 @@ from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.write.claim import claim, replay
 from memwal_df.write.flush import FlushPipeline
-from memwal_df.write.memtable import MemTable, MemTableSnapshot
+from memwal_df.write.memtable import FlushedRows, MemTable, MemTableSnapshot
 from memwal_df.write.memtable_index import BackgroundIndexer
 from memwal_df.write.partial import (
     Applied,
@@ -192,7 +192,7 @@ class RegionWriter:
         def build() -> tuple[pa.RecordBatch | None, np.ndarray]:
             state = self._state
             state.keep_flushed = True  # later lookups read the generations this writer flushes in memory
-            held = [*state.flushed, *state.sealed, state.active]
+            held: list[FlushedRows | MemTable] = [*state.flushed, *state.sealed, state.active]
             memtables = [(mt.generation, mt.lookup(keys.columns, [*columns, TOMBSTONE])) for mt in held]
             current = lookup(self.region_id, state.manifest, memtables, keys, columns, base)
             full, mask = merge(ts, rows, condition, current)
