@@ -33,6 +33,9 @@ from memwal_df.read.snapshot import ReadSnapshot, region_writer_snapshot
 from memwal_df.write.partial import BaseRows
 
 _MAX_ATTEMPTS = 5
+_GUARDED_KEYS = (
+    16  # up to this many keys, bloom filters rule generations out cheaper than `_pk_index` lookups
+)
 
 
 def current_rows(
@@ -52,7 +55,15 @@ def current_rows(
             table.sync()  # a generation was collected: its merge is in a newer base version
         snapshot = region_writer_snapshot(table, region_id, manifest, memtables)
         taken = _taken(base, snapshot.base.version, columns)
-        node = plan_point_lookup(snapshot, None, ts.field_ids, keys, columns, base_rows=taken)
+        node = plan_point_lookup(
+            snapshot,
+            None,
+            ts.field_ids,
+            keys,
+            columns,
+            base_rows=taken,
+            bloom_guards=len(keys) <= _GUARDED_KEYS,
+        )
         try:
             rows = pa.Table.from_batches(list(node.execute()), schema=schema)
         except (OSError, ValueError):
