@@ -12,8 +12,9 @@ writer brings them up to date on every write (`indexed_write`) or in the backgro
 `snapshot()` indexes whatever they do not cover yet when it searches.
 
 Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `lookup`
-returns the same rows `newest()` holds for those keys. A MemTable is not thread-safe; its region
-writer serializes access (its `indexes` are thread-safe).
+returns the same rows `newest()` holds for those keys, and so does `FlushedRows.lookup` (the newest
+rows of a flushed MemTable in one contiguous table, without its batches and indexes). A MemTable is
+not thread-safe; its region writer serializes access (its `indexes` are thread-safe).
 """
 
 from __future__ import annotations
