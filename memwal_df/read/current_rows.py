@@ -33,9 +33,8 @@ from memwal_df.read.snapshot import ReadSnapshot, region_writer_snapshot
 from memwal_df.write.partial import BaseRows
 
 _MAX_ATTEMPTS = 5
-_GUARDED_KEYS = (
-    16  # up to this many keys, bloom filters rule generations out cheaper than `_pk_index` lookups
-)
+# Up to this many keys a region, bloom filters rule generations out cheaper than `_pk_index` lookups.
+_GUARDED_KEYS = 16
 
 
 def current_rows(
