@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 import lance
@@ -47,7 +48,7 @@ from memwal_df.jobs import index_builder, index_catchup, merger
 from memwal_df.jobs import maintain as _maintain
 from memwal_df.jobs import repair as _repair
 from memwal_df.read.changes import EARLIEST, ChangeFeed, Since, open_feed, register_consumer
-from memwal_df.read.current_rows import current_rows
+from memwal_df.read.current_rows import WriterLookup
 from memwal_df.write.region_open import open_region_writer, open_routed_writer
 from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.table_writer import TableWriter
@@ -146,16 +147,10 @@ class Table(TableHandle):
             current_rows=self._current_rows,
         )
 
-    def _current_rows(
-        self,
-        region_id: uuid.UUID,
-        manifest: pb.ShardManifest,
-        memtables: Sequence[tuple[int, pa.Table]],
-        keys: pa.Table,
-        columns: Sequence[str],
-    ) -> pa.Table:
+    @cached_property
+    def _current_rows(self) -> WriterLookup:
         """The writers' lookup for partial and conditional writes (`memwal_df.write.partial.CurrentRows`)."""
-        return current_rows(self, region_id, manifest, memtables, keys, columns)
+        return WriterLookup(self)
 
     def _config(self, durable: bool | None, indexed: bool | None, settings: dict[str, Any]) -> WriterConfig:
         return WriterConfig.from_defaults(

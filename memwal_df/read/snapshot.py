@@ -43,7 +43,7 @@ from memwal_df.format.schema import TableSchema, conform
 from memwal_df.format.storage import Storage
 from memwal_df.pools import shared_pool
 from memwal_df.read.cache import PerObjectCache
-from memwal_df.read.keys import distinct_keys
+from memwal_df.read.keys import distinct_keys, last_per_key
 from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
 
 if TYPE_CHECKING:
@@ -332,13 +332,20 @@ def region_writer_snapshot(
 ) -> ReadSnapshot:
     """One region as its writer sees it, for the writer's own lookups: the base table's open version,
     the generations `manifest` lists that version has not merged, and `memtables` ((generation,
-    newest rows of some keys), oldest first). The MemWAL index details are read before the dataset:
+    newest rows of some keys), oldest first; a generation given here is not read from storage: its
+    MemTable holds the same rows). The MemTables are the newest levels, so they are read as one
+    level: the newest of their rows per key. The MemWAL index details are read before the dataset:
     a concurrent `refresh` replaces the dataset first, so the details are never newer than the base
     (newer ones would skip generations whose rows that base lacks)."""
     details = table.details
     base = table.dataset
     region = _region_levels(table, region_id, manifest, None, memwal_index.merged_generations(details), {})
-    region.levels[:0] = [MemTableLevel(region_id, g, table.storage, rows) for g, rows in reversed(memtables)]
+    held = {g for g, _ in memtables}
+    region.levels = [lv for lv in region.levels if lv.generation not in held]
+    found = [rows for _, rows in memtables if rows.num_rows]
+    if found:
+        newest = last_per_key(pa.concat_tables(found), table.schema.primary_key)
+        region.levels.insert(0, MemTableLevel(region_id, max(held), table.storage, newest))
     return ReadSnapshot(table.schema, base, details, [region], "latest", table.storage)
 
 

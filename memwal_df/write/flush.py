@@ -133,7 +133,7 @@ class FlushPipeline:
                 return  # stopped or fenced first: the directory is an orphan for garbage collection
         commit(state, self._store, lambda m: _add_generation(m, sstable, memtable.last_wal_position))
         with state.cond:
-            state.sealed.popleft()
+            state.committed(memtable)
             state.stats["generations"] += 1
             state.cond.notify_all()
 

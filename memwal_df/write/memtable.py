@@ -12,8 +12,9 @@ writer brings them up to date on every write (`indexed_write`) or in the backgro
 `snapshot()` indexes whatever they do not cover yet when it searches.
 
 Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `lookup`
-returns the same rows `newest()` holds for those keys. A MemTable is not thread-safe; its region
-writer serializes access (its `indexes` are thread-safe).
+returns the same rows `newest()` holds for those keys, and so does `FlushedRows.lookup` (the newest
+rows of a flushed MemTable in one contiguous table, without its batches and indexes). A MemTable is
+not thread-safe; its region writer serializes access (its `indexes` are thread-safe).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.write.memtable_index import MemTableIndexes, TermRows, VectorRows
+
+_CHUNKED_TAKE_ROWS = 32_768  # up to this many rows, one take over all batches beats one per batch
 
 
 class MemTable:
@@ -141,31 +144,36 @@ class MemTable:
         table, positions = self._newest()
         return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
 
-    def lookup(self, keys: Sequence[pa.Array]) -> pa.Table:
-        """The newest rows (tombstones included) of the given keys that this MemTable holds, in
-        forward write order: one hash probe of the newest rows' keys (kept between writes), then a
-        take of the rows found."""
+    def lookup(self, keys: Sequence[pa.Array], columns: Sequence[str] | None = None) -> pa.Table:
+        """The newest rows (tombstones included; `columns` only, default all) of the given keys that
+        this MemTable holds, in forward write order: one hash probe of the newest rows' keys (kept
+        between writes), then a take of the rows found."""
         positions = self._newest_positions()
         held = self._newest_cache[3]
+        schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
         if held is None:
-            return self.schema.empty_table()
+            return schema.empty_table()
         asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
         hit = pc.is_in(held, value_set=pk_index_key(asked)).to_numpy(zero_copy_only=False)
         at = np.flatnonzero(hit) if positions is None else positions[hit]
-        return self._take(at)
+        return self._take(at, schema)
 
-    def _take(self, positions: np.ndarray) -> pa.Table:
-        """The rows at ascending `positions`, taken from the batches that hold them (a take over the
-        whole MemTable would first combine all of its batches)."""
+    def _take(self, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
+        """The rows at ascending `positions` (`schema`'s columns): one take over the batches of a small
+        MemTable, else a take from each batch that holds some (a take over many rows of chunked
+        columns costs about as much as combining them)."""
         if len(positions) == 0:
-            return self.schema.empty_table()
+            return schema.empty_table()
+        if self.num_rows <= _CHUNKED_TAKE_ROWS:
+            table = pa.Table.from_batches(self.batches, schema=self.schema).select(schema.names)
+            return table.take(pa.array(positions))
         ends = np.cumsum([b.num_rows for b in self.batches])
         which = np.searchsorted(ends, positions, side="right")
         parts = []
         for i in np.unique(which).tolist():
             local = positions[which == i] - (ends[i] - self.batches[i].num_rows)
-            parts.append(self.batches[i].take(pa.array(local)))
-        return pa.Table.from_batches(parts, schema=self.schema)
+            parts.append(self.batches[i].select(schema.names).take(pa.array(local)))
+        return pa.Table.from_batches(parts, schema=schema)
 
 
 def _newest_of(keys: pa.Array) -> np.ndarray | None:
@@ -215,3 +223,31 @@ class MemTableSnapshot:
         """The full-text index of `column` over the MemTable's rows (indexing what it does not cover)."""
         mt = self.memtable
         return mt.indexes.terms(column, mt.batches, self.batches, self.rows)
+
+
+@dataclass(frozen=True)
+class FlushedRows:
+    """The newest row of every key (tombstones included) of a MemTable its writer committed as
+    generation `generation`, in one contiguous table, for the writer's own lookups (`lookup` returns
+    what the MemTable's returned)."""
+
+    generation: int
+    rows: pa.Table
+    keys: pa.Array  # the rows' keys, `pk_index_key`-encoded
+    primary_key: tuple[str, ...]
+
+    @staticmethod
+    def of(memtable: MemTable) -> FlushedRows:
+        rows = memtable.newest().combine_chunks()
+        keys = pk_index_key([rows.column(c).combine_chunks() for c in memtable.primary_key])
+        return FlushedRows(memtable.generation, rows, keys, tuple(memtable.primary_key))
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes + self.keys.nbytes
+
+    def lookup(self, keys: Sequence[pa.Array], columns: Sequence[str]) -> pa.Table:
+        """The rows (`columns` only) of the given keys."""
+        types = [self.rows.schema.field(c).type for c in self.primary_key]
+        asked = pk_index_key([k.cast(t) for k, t in zip(keys, types, strict=True)])
+        return self.rows.select(list(columns)).filter(pc.is_in(self.keys, value_set=asked))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -45,11 +46,28 @@ from memwal_df.format.schema import (
 Mode = Literal["upsert", "insert_if_absent", "if_match"]
 
 
+@dataclass(frozen=True)
+class BaseRows:
+    """The base table's live rows (`columns`, the key among them) of every key of a write that the base
+    holds at `version`, read at once for all the write's regions while they read their own levels: a
+    key of the write without a row here has none in that version."""
+
+    version: int
+    columns: tuple[str, ...]
+    pending: Future[pa.Table | None]  # None: that version could not be read
+
+    def rows(self) -> pa.Table | None:
+        """The rows, once read (None if the version could not be read)."""
+        return self.pending.result()
+
+
 class CurrentRows(Protocol):
     """The live rows (`columns` only, the key among them) of the keys in `keys` that exist in one region:
-    `memtables` (the newest rows of those keys in each of its writer's unflushed MemTables, tombstones
-    included, as (generation, rows), oldest first), then the generations `manifest` lists that are
-    not merged into the base yet, then the base table; a deleted or absent key has no row."""
+    `memtables` (the newest rows of those keys in each of its writer's MemTables, tombstones included,
+    as (generation, rows), oldest first: the unflushed ones, after the flushed ones the writer still
+    keeps, whose generations are then not read from storage), then the other generations `manifest`
+    lists that are not merged into the base yet, then the base table; a deleted or absent key has no
+    row."""
 
     def __call__(
         self,
@@ -58,7 +76,16 @@ class CurrentRows(Protocol):
         memtables: Sequence[tuple[int, pa.Table]],
         keys: pa.Table,
         columns: Sequence[str],
-    ) -> pa.Table: ...
+        base: BaseRows | None = None,
+    ) -> pa.Table:
+        """The rows; `base` (from `base_rows`, for a superset of `keys` and `columns`) answers for the
+        base table when the lookup reads that base version, else the lookup reads the base itself."""
+        ...
+
+    def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
+        """The base table's live rows of `keys` (`columns` only) in its open version, read in one go
+        in the background."""
+        ...
 
 
 @dataclass(frozen=True)

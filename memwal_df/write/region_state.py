@@ -25,7 +25,10 @@ from memwal_df.errors import MemWalError, WriterClosedError, WriterFencedError
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.schema import TableSchema
-from memwal_df.write.memtable import MemTable
+from memwal_df.write.memtable import FlushedRows, MemTable
+
+KEPT_FLUSHED_BYTES = 64 * 1024 * 1024
+"""The bytes of rows a region writer keeps of the generations it flushed, for its own lookups."""
 
 
 class RegionState:
@@ -46,6 +49,11 @@ class RegionState:
         self.manifest = manifest  # the version this writer committed (or found) last
         self.active = self.new_memtable(manifest.current_generation)
         self.sealed: deque[MemTable] = deque()  # oldest first, each until its generation is committed
+        # Once the writer made a partial or conditional write (`keep_flushed`): the rows of the
+        # MemTables it committed as generations, newest `KEPT_FLUSHED_BYTES` of them, oldest first,
+        # for its lookups.
+        self.keep_flushed = False
+        self.flushed: deque[FlushedRows] = deque()
         self.next_position = manifest.replay_after_wal_entry_position + 1
         # Non-durable mode: accepted batches collect in `pending` until a threshold makes them one
         # WAL entry in `ready` (sealing the MemTable makes them its `unlogged_tail` instead, made
@@ -90,6 +98,19 @@ class RegionState:
         self.active = self.new_memtable(self.active.generation + 1)
         self.active.last_wal_position = self.next_position - 1
         self.cond.notify_all()
+
+    def committed(self, memtable: MemTable) -> None:
+        """`memtable` (the oldest sealed one) is committed as a generation (caller holds the lock): it
+        leaves `sealed`, and its rows are kept in `flushed` if `keep_flushed`, dropping the oldest
+        kept ones beyond `KEPT_FLUSHED_BYTES`."""
+        assert self.sealed[0] is memtable
+        self.sealed.popleft()
+        if not self.keep_flushed:
+            return
+        self.flushed.append(FlushedRows.of(memtable))
+        kept = sum(m.nbytes for m in self.flushed)
+        while kept > KEPT_FLUSHED_BYTES:
+            kept -= self.flushed.popleft().nbytes
 
     def fence(self, reason: str) -> WriterFencedError:
         """Record that a newer epoch owns the region: drop the WAL buffer and return the error every

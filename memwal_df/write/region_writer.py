@@ -45,15 +45,17 @@ from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.schema import TableSchema, delete_batch, to_table, upsert_chunks, with_tombstone
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.write.claim import claim, replay
 from memwal_df.write.flush import FlushPipeline
-from memwal_df.write.memtable import MemTable, MemTableSnapshot
+from memwal_df.write.memtable import FlushedRows, MemTable, MemTableSnapshot
 from memwal_df.write.memtable_index import BackgroundIndexer
 from memwal_df.write.partial import (
     Applied,
+    BaseRows,
     Condition,
     CurrentRows,
     chunks,
@@ -167,11 +169,14 @@ class RegionWriter:
             parts.append((np.arange(offset, offset + rows.num_rows), self.apply_merged(rows, cond)))
         return Applied.combine(ts, parts, table.num_rows)
 
-    def apply_merged(self, rows: pa.Table, condition: Condition, routed: bool = False) -> Applied:
+    def apply_merged(
+        self, rows: pa.Table, condition: Condition, routed: bool = False, base: BaseRows | None = None
+    ) -> Applied:
         """Write conformed rows (`partial_rows` or `upsert_rows`) merged with the current rows of their
         keys under `condition`, as one read-modify-write: no other write of the region comes between
         the read and the write, and the read sees every write accepted before it. `routed`: the table
-        writer routed the rows to this region already."""
+        writer routed the rows to this region already; `base`: base rows it read for them
+        (`CurrentRows.base_rows`)."""
         lookup = self.ctx.current_rows
         if lookup is None:
             raise InvalidConfigError(
@@ -186,8 +191,10 @@ class RegionWriter:
 
         def build() -> tuple[pa.RecordBatch | None, np.ndarray]:
             state = self._state
-            memtables = [(mt.generation, mt.lookup(keys.columns)) for mt in [*state.sealed, state.active]]
-            current = lookup(self.region_id, state.manifest, memtables, keys, columns)
+            state.keep_flushed = True  # later lookups read the generations this writer flushes in memory
+            held: list[FlushedRows | MemTable] = [*state.flushed, *state.sealed, state.active]
+            memtables = [(mt.generation, mt.lookup(keys.columns, [*columns, TOMBSTONE])) for mt in held]
+            current = lookup(self.region_id, state.manifest, memtables, keys, columns, base)
             full, mask = merge(ts, rows, condition, current)
             if full.num_rows == 0:
                 return None, mask

@@ -38,7 +38,15 @@ from memwal_df.errors import (
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import key_rows, to_table, tombstone_rows, upsert_chunks
 from memwal_df.format.table_handle import TableHandle
-from memwal_df.write.partial import Applied, Condition, CurrentRows, chunks, put_condition
+from memwal_df.write.partial import (
+    Applied,
+    BaseRows,
+    Condition,
+    CurrentRows,
+    chunks,
+    needed_columns,
+    put_condition,
+)
 from memwal_df.write.region_open import open_routed_writer
 from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.writer_config import WriterConfig
@@ -118,12 +126,25 @@ class TableWriter:
             groups = group_positions(self.spec, ts.field_ids, rows)
             writers, unavailable = self._open([values for values, _ in groups])
             routed = [(w, pos) for w, (_, pos) in zip(writers, groups, strict=True) if w is not None]
-            calls = [(w.apply_merged, (rows.take(pa.array(pos)), cond.take(pos), True)) for w, pos in routed]
+            base = self._base_rows(rows, cond) if len(routed) > 1 else None
+            calls = [
+                (w.apply_merged, (rows.take(pa.array(pos)), cond.take(pos), True, base)) for w, pos in routed
+            ]
             results = self._run(calls)  # lookups read storage: regions in parallel in both modes
             parts += [(offset + pos, applied) for (_, pos), applied in zip(routed, results, strict=True)]
             if unavailable:
                 raise _refused(unavailable, False)
         return Applied.combine(ts, parts, table.num_rows)
+
+    def _base_rows(self, rows: pa.Table, condition: Condition) -> BaseRows | None:
+        """The base rows of every key of `rows`, read once for all their regions, in the background
+        while they read their own levels (each region's lookup uses them if it reads the same base
+        version)."""
+        if self._current_rows is None:
+            return None
+        ts = self.table.schema
+        keys = rows.select(list(ts.primary_key))
+        return self._current_rows.base_rows(keys, needed_columns(ts, rows, condition))
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key; the region spec must depend on key columns only."""
