@@ -710,3 +710,25 @@ def test_ingest_partial_updates_only_the_columns_given(capsys, tmp_path, region)
     ]
     code, _, err = cli(capsys, "ingest", uri, str(part), "--partial", "--delete")
     assert code == Exit.USAGE and "--partial" in err
+
+
+def test_status_lists_change_feed_consumers(tmp_path, capsys):
+    """`memwal status` names each registered consumer, how many generations it has not read and
+    whether it still pins garbage collection."""
+    uri = str(tmp_path / "t")
+    cli(capsys, "create", uri, "--schema", SCHEMA, "-k", "id", "--spec", "bucket(id,2)")
+    table = mw.open_table(uri)
+    table.register_consumer("mirror")
+    table.register_consumer("gone", expiry=timedelta(milliseconds=1))
+    with table.writer() as w:
+        w.put(pa.Table.from_pylist(rows(range(10), "a"), table.schema.schema))
+    consumers = {k["consumer_id"]: k for k in cli_json(capsys, "status", uri)["consumers"]}
+    assert consumers["mirror"]["pins"] and not consumers["gone"]["pins"]
+    assert consumers["mirror"]["generations_behind"] == 2  # one flush per region, none read
+    feed = table.changes(consumer="mirror")
+    feed.read_all()
+    feed.commit()
+    status = cli_json(capsys, "status", uri)
+    assert {k["consumer_id"]: k["generations_behind"] for k in status["consumers"]}["mirror"] == 0
+    code, text, _ = cli(capsys, "status", uri)
+    assert code == Exit.OK and "change-feed consumers" in text and "no (expired)" in text

@@ -1,9 +1,11 @@
-"""`memwal status`: regions, writer epochs, generations, merge and index catch-up progress."""
+"""`memwal status`: regions, writer epochs, generations, merge and index catch-up progress, and the
+registered change-feed consumers (how far behind each is, whether it still pins garbage collection)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import time
 from typing import Any
 
 from memwal_df.cli import common as c
@@ -17,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="show regions, epochs, generations, merge and index catch-up progress",
         description="Regions (one row each), their writer epoch, flushed and merged generations, WAL "
         "positions and, per maintained base index, the generation its catch-up covers; then each "
-        "region whose manifest or unreplayed WAL entry cannot be decoded (file and error).",
+        "region whose manifest or unreplayed WAL entry cannot be decoded (file and error); then the "
+        "registered change-feed consumers.",
     )
     c.add_table(p)
     p.add_argument(
@@ -46,7 +49,27 @@ def collect(table: Table, check_wal: bool = True) -> dict[str, Any]:
         "indexes": sorted({m.name for m in base_manifest.read_index_section(table.storage)[1]}),
         "region_snapshot_ms": table.details.snapshot_ts_millis or None,  # the last build-index
         "regions": regions,
+        "consumers": _consumers(table, st["regions"]),
     }
+
+
+def _consumers(table: Table, regions: list[RegionStatus]) -> list[dict[str, Any]]:
+    """Each registered change-feed consumer: when it last committed, whether it still pins garbage
+    collection (committed within its expiry), and how many flushed generations it has not read."""
+    now = time.time()
+    out = []
+    for consumer in table.consumers():
+        behind = sum(max(0, r.current_generation - consumer.offsets.of(r.region_id)[0]) for r in regions)
+        out.append(
+            {
+                "consumer_id": consumer.consumer_id,
+                "committed_at": consumer.committed_at,
+                "expiry_s": consumer.expiry.total_seconds(),
+                "pins": consumer.pins(now),
+                "generations_behind": behind,
+            }
+        )
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +115,25 @@ def text(info: dict[str, Any]) -> str:
     ]
     unmerged = sum(len(r["unmerged_generations"]) for r in regions)
     foot = f"{c.count(len(regions), 'region')}, {c.count(unmerged, 'flushed generation')} not merged yet"
-    return "\n".join([*head, "", c.text_table(headers, rows), "", foot, *corrupt])
+    return "\n".join([*head, "", c.text_table(headers, rows), "", foot, *corrupt, *_consumers_text(info)])
+
+
+def _consumers_text(info: dict[str, Any]) -> list[str]:
+    """A table of the change-feed consumers (nothing when there are none)."""
+    if not info["consumers"]:
+        return []
+    headers = ["consumer", "committed (UTC)", "expiry", "pins GC", "generations behind"]
+    rows = [
+        [
+            k["consumer_id"],
+            f"{datetime.datetime.fromtimestamp(k['committed_at'], datetime.UTC):%Y-%m-%d %H:%M:%S}",
+            str(datetime.timedelta(seconds=round(k["expiry_s"]))),
+            "yes" if k["pins"] else "no (expired)",
+            k["generations_behind"],
+        ]
+        for k in info["consumers"]
+    ]
+    return ["", "change-feed consumers (docs/changes.md):", c.text_table(headers, rows)]
 
 
 def _corrupt_text(info: dict[str, Any]) -> list[str]:
