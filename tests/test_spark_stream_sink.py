@@ -30,28 +30,17 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import (  # noqa: E402
-    BooleanType,
     DoubleType,
-    LongType,
-    StringType,
-    StructField,
     StructType,
 )
+from support.stream_child import EVENTS  # noqa: E402
 
 from memwal_df import spark as mws  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
 TABLE = pa.schema([("id", pa.int64()), ("category", pa.string()), ("value", pa.float64())])
-INPUT = StructType(
-    [
-        StructField("id", LongType()),
-        StructField("category", StringType()),
-        StructField("value", DoubleType()),
-        StructField("deleted", BooleanType()),
-        StructField("seq", LongType()),
-    ]
-)
+INPUT = EVENTS  # the columns of the streams the tests write: the table's, `deleted`, `seq`
 ROOT = pathlib.Path(mw.__file__).resolve().parent.parent
 Model = dict[int, dict[str, Any]]
 
