@@ -14,17 +14,30 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 from google.protobuf.message import DecodeError
 
 from memwal_df.errors import CorruptManifestError, NotFoundError, StorageError
 from memwal_df.format import layout
+from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.storage import EXISTED, LANDED, Storage
+from memwal_df.pools import shared_pool
 
 DEFAULT_SCAN_BATCH = 2
+PARALLEL_MANIFEST_READS = 16  # threads of the pool that reads the regions' manifests of an object store
+T = TypeVar("T")
 _U64_MAX = (1 << 64) - 1
+
+
+def each_region(storage: Storage, ids: Sequence[uuid.UUID], read: Callable[[uuid.UUID], T]) -> list[T]:
+    """`read(region)` for every region of `ids`, in order: one after another on a local directory
+    (faster than a thread pool starts), in parallel on an object store."""
+    if len(ids) <= 1 or isinstance(storage, LocalStorage):
+        return [read(r) for r in ids]
+    return list(shared_pool("manifest", PARALLEL_MANIFEST_READS).map(read, ids))
 
 
 def new_manifest(region_id: uuid.UUID, spec_id: int, field_entries: dict[str, bytes]) -> pb.ShardManifest:

@@ -47,13 +47,11 @@ from memwal_df.format.consumers import (
     commit_offsets,
     read_consumer,
 )
-from memwal_df.format.local_storage import LocalStorage
-from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.manifest import RegionManifestStore, each_region
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
-from memwal_df.pools import shared_pool
 from memwal_df.read.keys import last_per_key
 
 CHANGE_TYPE, REGION, GENERATION, POSITION = "_change_type", "_region", "_generation", "_position"
@@ -63,8 +61,6 @@ EARLIEST, LATEST = "earliest", "latest"
 Since = ChangeOffsets | Mapping[str, Any] | str
 """Where a read starts: offsets (`ChangeOffsets`, their dict or JSON form), `"earliest"` (each
 region's oldest retained change) or `"latest"` (after each region's newest flushed change)."""
-
-_MANIFEST_THREADS = 16
 
 
 def feed_columns(schema: pa.Schema, primary_key: Sequence[str], columns: Sequence[str] | None) -> list[str]:
@@ -141,10 +137,7 @@ def region_changes(table: TableHandle) -> dict[uuid.UUID, RegionChanges]:
     def latest(region_id: uuid.UUID) -> pb.ShardManifest | None:
         return RegionManifestStore(storage, region_id).latest()
 
-    if len(ids) <= 1 or isinstance(storage, LocalStorage):
-        manifests = [latest(r) for r in ids]
-    else:
-        manifests = list(shared_pool("manifest", _MANIFEST_THREADS).map(latest, ids))
+    manifests = each_region(storage, ids, latest)
     return {r: _region_changes(r, m) for r, m in zip(ids, manifests, strict=True) if m is not None}
 
 

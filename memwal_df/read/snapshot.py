@@ -35,13 +35,11 @@ import pyarrow as pa
 
 from memwal_df.errors import CorruptManifestError, InvalidConfigError
 from memwal_df.format import layout, memwal_index, region_snapshot
-from memwal_df.format.local_storage import LocalStorage
-from memwal_df.format.manifest import RegionManifestStore, region_id_of
+from memwal_df.format.manifest import RegionManifestStore, each_region, region_id_of
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import TableSchema, conform
 from memwal_df.format.storage import Storage
-from memwal_df.pools import shared_pool
 from memwal_df.read.cache import PerObjectCache
 from memwal_df.read.keys import distinct_keys, last_per_key
 from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
@@ -54,7 +52,6 @@ if TYPE_CHECKING:
 
 Consistency = Literal["latest", "snapshot"]
 CONSISTENCY_MODES: tuple[Consistency, ...] = ("latest", "snapshot")
-_PARALLEL_MANIFEST_READS = 16
 _MAX_PLANNING_ATTEMPTS = 5
 
 
@@ -184,11 +181,7 @@ def _take(
             known_manifests[region_id] = m
         return m
 
-    # Local manifests are read faster than a thread pool starts; object stores in parallel.
-    if len(ids) <= 1 or isinstance(storage, LocalStorage):
-        manifests = [latest(r) for r in ids]
-    else:
-        manifests = list(shared_pool("manifest", _PARALLEL_MANIFEST_READS).map(latest, ids))
+    manifests = each_region(storage, ids, latest)
     regions, unreadable = [], []
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
