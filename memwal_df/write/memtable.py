@@ -153,8 +153,8 @@ class MemTable:
         schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
         if held is None:
             return schema.empty_table()
-        asked = [k.cast(self.schema.field(name).type) for k, name in zip(keys, self.primary_key, strict=True)]
-        hit = pc.is_in(held, value_set=pk_index_key(asked)).to_numpy(zero_copy_only=False)
+        asked = encoded_keys(keys, self.schema, self.primary_key)
+        hit = pc.is_in(held, value_set=asked).to_numpy(zero_copy_only=False)
         at = np.flatnonzero(hit) if positions is None else positions[hit]
         return self._take(at, schema)
 
@@ -248,6 +248,10 @@ class FlushedRows:
 
     def lookup(self, keys: Sequence[pa.Array], columns: Sequence[str]) -> pa.Table:
         """The rows (`columns` only) of the given keys."""
-        types = [self.rows.schema.field(c).type for c in self.primary_key]
-        asked = pk_index_key([k.cast(t) for k, t in zip(keys, types, strict=True)])
+        asked = encoded_keys(keys, self.rows.schema, self.primary_key)
         return self.rows.select(list(columns)).filter(pc.is_in(self.keys, value_set=asked))
+
+
+def encoded_keys(keys: Sequence[pa.Array], schema: pa.Schema, primary_key: Sequence[str]) -> pa.Array:
+    """The asked key columns cast to `schema`'s key types, `pk_index_key`-encoded (as the held keys)."""
+    return pk_index_key([k.cast(schema.field(n).type) for k, n in zip(keys, primary_key, strict=True)])
