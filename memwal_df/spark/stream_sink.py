@@ -65,7 +65,7 @@ from memwal_df.format.schema import key_rows, tombstone_rows, upsert_rows
 from memwal_df.format.storage import Storage
 from memwal_df.read.keys import last_per_key
 from memwal_df.spark.routing import check_routable
-from memwal_df.spark.staging import RegionStage, StagedJob, partial_option, stage_rows, write_regions
+from memwal_df.spark.staging import RegionStage, StagedJob, stage_rows, write_regions
 from memwal_df.spark.types import arrow_schema_for_spark
 from memwal_df.table import Table
 from memwal_df.write.partial import partial_rows
@@ -284,8 +284,9 @@ def stream_job(table: Table, schema: StructType, options: Mapping[str, str]) -> 
         raise SchemaMismatchError(f"the delete column {delete_column!r} must be boolean")
     ignored = {delete_column, order_by} - set(table.schema.schema.names)
     carried = [n for n in schema.names if n not in ignored]
-    partial = partial_option(options)
-    check_routable(table, carried, keys_only=operation == "delete", partial=partial)
+    durable = options.get("durable", "true").lower() != "false"
+    job = StreamBatch.from_options(operation, durable, options, allow_non_key)
+    check_routable(table, carried, keys_only=operation == "delete", partial=job.partial)
     if delete_column is not None:  # tombstones are routed by their keys
         check_routable(table, list(table.schema.primary_key), keys_only=True)
     order_type = None
@@ -293,8 +294,6 @@ def stream_job(table: Table, schema: StructType, options: Mapping[str, str]) -> 
         order_type = arrow_schema_for_spark(StructType([schema[order_by]])).field(0).type
         if pa.types.is_nested(order_type):
             raise SchemaMismatchError(f"the order_by column {order_by!r} must be of a scalar type")
-    durable = options.get("durable", "true").lower() != "false"
-    job = StreamBatch.from_options(operation, durable, options, allow_non_key)
     names = table.schema.schema.names
     columns = tuple(n for n in names if n in carried) if job.partial else tuple(names)
     return replace(
