@@ -32,7 +32,7 @@ T = TypeVar("T")
 _U64_MAX = (1 << 64) - 1
 
 
-def each_region(storage: Storage, ids: Sequence[uuid.UUID], read: Callable[[uuid.UUID], T]) -> list[T]:
+def read_regions(storage: Storage, ids: Sequence[uuid.UUID], read: Callable[[uuid.UUID], T]) -> list[T]:
     """`read(region)` for every region of `ids`, in order: one after another on a local directory
     (faster than a thread pool starts), in parallel on an object store."""
     if len(ids) <= 1 or isinstance(storage, LocalStorage):

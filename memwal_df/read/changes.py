@@ -47,7 +47,7 @@ from memwal_df.format.consumers import (
     commit_offsets,
     read_consumer,
 )
-from memwal_df.format.manifest import RegionManifestStore, each_region
+from memwal_df.format.manifest import RegionManifestStore, read_regions
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
@@ -137,7 +137,7 @@ def region_changes(table: TableHandle) -> dict[uuid.UUID, RegionChanges]:
     def latest(region_id: uuid.UUID) -> pb.ShardManifest | None:
         return RegionManifestStore(storage, region_id).latest()
 
-    manifests = each_region(storage, ids, latest)
+    manifests = read_regions(storage, ids, latest)
     return {r: _region_changes(r, m) for r, m in zip(ids, manifests, strict=True) if m is not None}
 
 

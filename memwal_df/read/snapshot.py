@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from memwal_df.errors import CorruptManifestError, InvalidConfigError
 from memwal_df.format import layout, memwal_index, region_snapshot
-from memwal_df.format.manifest import RegionManifestStore, each_region, region_id_of
+from memwal_df.format.manifest import RegionManifestStore, read_regions, region_id_of
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import TableSchema, conform
@@ -181,7 +181,7 @@ def _take(
             known_manifests[region_id] = m
         return m
 
-    manifests = each_region(storage, ids, latest)
+    manifests = read_regions(storage, ids, latest)
     regions, unreadable = [], []
     for region_id, m in zip(ids, manifests, strict=True):
         if m is None:
