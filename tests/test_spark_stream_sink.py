@@ -69,9 +69,14 @@ def events(rng: np.random.Generator, n: int, keys: int, step: int, parity: int |
 
 def publish(batch: pa.Table, path: pathlib.Path) -> None:
     """Write `batch` to `path` atomically: a running query never lists a half-written file (Spark's
-    file source skips names starting with a dot)."""
+    file source skips names starting with a dot). Spark takes new files in modification-time order,
+    counted in milliseconds, so each file gets a time at least one millisecond after the one before:
+    files published back to back are read in the order they were published."""
     hidden = path.with_name(f".{path.name}")
     pq.write_table(batch, hidden)
+    before = max((p.stat().st_mtime_ns // 1_000_000 for p in path.parent.glob("[!.]*")), default=0)
+    ms = max(time.time_ns() // 1_000_000, before + 1)
+    os.utime(hidden, ns=(ms * 1_000_000, ms * 1_000_000))
     hidden.rename(path)
 
 
