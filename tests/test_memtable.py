@@ -18,7 +18,7 @@ from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.rows import TOMBSTONE, wal_schema
 from memwal_df.write.generation import open_generation, primary_key_bytes, write_generation
-from memwal_df.write.memtable import MemTable
+from memwal_df.write.memtable import MemTable, encoded_keys
 
 HYP = settings(database=None, deadline=None, max_examples=150)
 
@@ -117,10 +117,12 @@ def check_against_model(
     assert got.to_pylist() == [all_rows[p] for p in positions]  # one row per key, forward order
     assert len({kind.key_of(r) for r in got.to_pylist()}) == got.num_rows
 
-    # lookup returns what newest() holds for the asked keys (repeats and unknown keys allowed)
-    looked = mt.lookup(kind.key_columns(queries))
+    # find returns what newest() holds for the asked keys (repeats and unknown keys allowed)
+    looked, hit = mt.find(None, encoded_keys(kind.key_columns(queries), mt.schema, kind.pk))
     asked = set(queries)
     assert looked.to_pylist() == [r for r in got.to_pylist() if kind.key_of(r) in asked]
+    held = {kind.key_of(r) for r in got.to_pylist()}
+    assert hit.tolist() == [q in held for q in queries]
 
     # the bloom filter holds every key written (tombstones included) and nothing else
     if all_rows:
@@ -156,7 +158,9 @@ def test_tombstone_is_the_newest_row() -> None:
         k.row(3, 31, False),
         k.row(2, 22, False),  # re-inserted after its delete
     ]
-    assert mt.lookup([pa.array([2, 1, 99, 2])]).to_pylist() == [k.row(1, None, True), k.row(2, 22, False)]
+    looked, hit = mt.find(None, encoded_keys([pa.array([2, 1, 99, 2])], mt.schema, k.pk))
+    assert looked.to_pylist() == [k.row(1, None, True), k.row(2, 22, False)]
+    assert hit.tolist() == [True, True, False, True]
     assert mt.num_keys == 3 and mt.num_rows == 8
 
 
@@ -166,8 +170,9 @@ def test_empty_memtable() -> None:
     assert len(mt) == 0 and mt.num_keys == 0
     assert mt.newest().num_rows == 0 and mt.newest().schema == INT.wal
     assert mt.to_table().num_rows == 0
-    assert mt.lookup([pa.array([1])]).num_rows == 0
-    assert mt.lookup([pa.array([], pa.int64())]).num_rows == 0
+    for asked in ([1], []):
+        looked, hit = mt.find(None, encoded_keys([pa.array(asked, pa.int64())], mt.schema, INT.pk))
+        assert looked.num_rows == 0 and hit.tolist() == [False] * len(asked)
     mt.append(INT.batch([]))
     assert mt.batches == [] and mt.bloom == BloomFilter.empty()
 

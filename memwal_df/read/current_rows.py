@@ -1,6 +1,7 @@
-"""The current rows of a region writer's keys, for partial and conditional writes: the read path's
-batched point lookup (`plan_point_lookup`: one plan per write, newest level first, bloom-guarded
-generation takes by `_pk_index`, the base key index) over the writer's own levels.
+"""The current rows of a region writer's keys in its stored levels, for partial and conditional writes:
+one batched lookup per write (`memwal_df.write.newest_rows`): the unmerged generations newest first,
+each asked by `_pk_index` (bloom-guarded for a few keys) for the keys no newer level held, then the
+base (its key index, or the rows read once for the whole write).
 
 Guarantees: the rows returned are the live rows of the asked keys as of the writer's MemTables (given
 by the writer, which holds its lock), the generations of its manifest that the base has not merged, and
@@ -16,21 +17,29 @@ lookup, a retry on a newer version included, reads the base itself.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import lance
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.rows import TOMBSTONE
+from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.pools import shared_pool
+from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
 from memwal_df.read.exec.take_last import TakeLastExec
+from memwal_df.read.keys import distinct_keys
 from memwal_df.read.levels import GenerationLevel
-from memwal_df.read.lookup_planner import plan_point_lookup
 from memwal_df.read.snapshot import ReadSnapshot, region_writer_snapshot
-from memwal_df.write.partial import BaseRows
+from memwal_df.write.newest_rows import KeyedLevel, newest_rows
+from memwal_df.write.partial import BaseRows, encoded_keys
 
 _MAX_ATTEMPTS = 5
 # Up to this many keys a region, bloom filters rule generations out cheaper than `_pk_index` lookups.
@@ -41,35 +50,32 @@ def current_rows(
     table: TableHandle,
     region_id: uuid.UUID,
     manifest: pb.ShardManifest,
-    memtables: Sequence[tuple[int, pa.Table]],
+    held: Collection[int],
     keys: pa.Table,
     columns: Sequence[str],
     base: BaseRows | None = None,
 ) -> pa.Table:
     """The live rows (`columns` only) of `keys` in the region (see `memwal_df.write.partial.CurrentRows`)."""
     ts = table.schema
+    pk = list(ts.primary_key)
     schema = pa.schema([ts.schema.field(c) for c in columns])
+    keys = keys.select(pk)
+    asked = encoded_keys(keys, pk)
     for attempt in range(_MAX_ATTEMPTS):
         if attempt:
             table.sync()  # a generation was collected: its merge is in a newer base version
-        snapshot = region_writer_snapshot(table, region_id, manifest, memtables)
-        taken = _taken(base, snapshot.base.version, columns)
-        node = plan_point_lookup(
-            snapshot,
-            None,
-            ts.field_ids,
-            keys,
-            columns,
-            base_rows=taken,
-            bloom_guards=len(keys) <= _GUARDED_KEYS,
-        )
+        snapshot = region_writer_snapshot(table, region_id, manifest, held)
+        generations = [lv for lv in snapshot.levels if isinstance(lv, GenerationLevel)]
+        guard = keys.num_rows <= _GUARDED_KEYS
+        levels: list[KeyedLevel] = [_Generation(lv, pk, guard) for lv in generations]
+        levels.append(_Base(snapshot.base, table.storage, pk, _taken(base, snapshot.base.version, columns)))
         try:
-            rows = pa.Table.from_batches(list(node.execute()), schema=schema)
+            rows, _ = newest_rows(levels, asked, schema, keys)
         except (OSError, ValueError):
             if attempt + 1 == _MAX_ATTEMPTS or table.is_latest(snapshot.base.version):
                 raise
             continue  # an old base version whose files version cleanup removed: read the latest
-        if any(isinstance(lv, GenerationLevel) and lv.missing for lv in snapshot.levels):
+        if any(lv.missing for lv in generations):
             continue
         if _may_lack_merged(region_id, manifest, snapshot) and not table.is_latest(snapshot.base.version):
             continue
@@ -88,6 +94,62 @@ def _may_lack_merged(region_id: uuid.UUID, manifest: pb.ShardManifest, snapshot:
     merged = memwal_index.merged_generations(snapshot.details).get(region_id, 0)
     lowest = min((s.generation for s in manifest.sstables), default=manifest.current_generation)
     return lowest > merged + 1
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """A stored generation asked through its `_pk_index` (`TakeLastExec`), behind its bloom filter
+    when `guard`: for a few keys the filter rules it out cheaper than the index lookup."""
+
+    level: GenerationLevel
+    primary_key: list[str]
+    guard: bool
+
+    def find(
+        self, keys: pa.Table | None, asked: pa.Array, columns: Sequence[str]
+    ) -> tuple[pa.Table, np.ndarray]:
+        assert keys is not None
+
+        def take(k: pa.Table) -> ExecNode:
+            return TakeLastExec(self.level, k, columns, self.primary_key)
+
+        node = BloomFilterGuardExec(self.level, keys, take, self.primary_key) if self.guard else take(keys)
+        return _held(list(node.execute()), asked, self.primary_key)
+
+
+@dataclass(frozen=True)
+class _Base:
+    """The base table: the rows `taken` for the write when it gives them, else a lookup of its own."""
+
+    dataset: lance.LanceDataset
+    storage: Storage
+    primary_key: list[str]
+    taken: Callable[[], pa.Table | None] | None
+
+    def find(
+        self, keys: pa.Table | None, asked: pa.Array, columns: Sequence[str]
+    ) -> tuple[pa.Table, np.ndarray]:
+        assert keys is not None
+        rows = self.taken() if self.taken is not None else None
+        if rows is None:
+            keys = distinct_keys(keys, self.primary_key)  # (a key index take needs each key once)
+            node = TakeLastExec(self.dataset, keys, columns, self.primary_key, self.storage)
+            return _held(list(node.execute()), asked, self.primary_key)
+        at = pc.index_in(asked, value_set=encoded_keys(rows, self.primary_key))  # the base holds a key once
+        rows = rows.take(at.drop_null())
+        live = pa.array(np.zeros(rows.num_rows, dtype=bool))
+        return rows.append_column(TOMBSTONE, live), at.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _held(
+    batches: list[pa.RecordBatch], asked: pa.Array, primary_key: Sequence[str]
+) -> tuple[pa.Table, np.ndarray]:
+    """A `TakeLastExec`'s rows (one per key) and whether each asked key is among them."""
+    if not batches:
+        return pa.table({}), np.zeros(len(asked), dtype=bool)
+    rows = pa.Table.from_batches(batches)
+    hit = pc.is_in(asked, value_set=encoded_keys(rows, primary_key))
+    return rows, hit.to_numpy(zero_copy_only=False)
 
 
 def base_rows(table: TableHandle, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
@@ -129,12 +191,12 @@ class WriterLookup:
         self,
         region_id: uuid.UUID,
         manifest: pb.ShardManifest,
-        memtables: Sequence[tuple[int, pa.Table]],
+        held: Collection[int],
         keys: pa.Table,
         columns: Sequence[str],
         base: BaseRows | None = None,
     ) -> pa.Table:
-        return current_rows(self.table, region_id, manifest, memtables, keys, columns, base)
+        return current_rows(self.table, region_id, manifest, held, keys, columns, base)
 
     def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
         return base_rows(self.table, keys, columns)

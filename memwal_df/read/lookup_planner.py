@@ -60,19 +60,12 @@ def plan_point_lookup(
     field_ids: Mapping[str, int],
     keys: pa.Table,
     columns: Sequence[str] | None,
-    *,
-    base_rows: Callable[[], pa.Table | None] | None = None,
-    bloom_guards: bool = True,
 ) -> ExecNode:
     """The operator tree answering a lookup of `keys` (a table of the key columns) in `snapshot`.
 
     `columns` are the output columns (None: every column of the table); `spec` is the table's current
     region spec and `field_ids` its column name → Lance field id map (`Table.spec`,
-    `Table.schema.field_ids`). `base_rows`: gives the snapshot base's live rows of every asked key it
-    holds (the output columns at least), read elsewhere: the base table answers from them (unless it
-    gives None: then it is read). `bloom_guards=False` asks generations without their bloom filters
-    (for callers asking hundreds of keys per region, where the `_pk_index` lookup costs less than
-    hashing the keys).
+    `Table.schema.field_ids`).
     """
     ts = snapshot.schema
     pk = list(ts.primary_key)
@@ -91,14 +84,14 @@ def plan_point_lookup(
     base = snapshot.base
 
     def take_base(k: pa.Table) -> ExecNode:
-        return TakeLastExec(base, k, out_columns, pk, snapshot.storage, taken=base_rows)
+        return TakeLastExec(base, k, out_columns, pk, snapshot.storage)
 
     # A lookup snapshot of one key holds just the regions that key may live in: nothing to route.
     routed = snapshot.lookup_keys is not None and keys.num_rows == 1
     groups, base_only = _route(snapshot.regions, None if routed else spec, field_ids, keys, pk)
     nodes: list[ExecNode] = []
     for regions, rows in groups:
-        inputs = [_level_input(lv, out_columns, pk, bloom_guards) for r in regions for lv in r.levels]
+        inputs = [_level_input(lv, out_columns, pk) for r in regions for lv in r.levels]
         nodes.append(
             CoalesceFirstExec(
                 _rows(keys, rows),
@@ -182,15 +175,13 @@ def _route(
     return groups, sorted(by_regions.get((), []))
 
 
-def _level_input(
-    level: Level, columns: list[str], primary_key: list[str], guard: bool
-) -> Callable[[pa.Table], ExecNode]:
-    """The CoalesceFirstExec input for one level: a take, bloom-guarded for a generation if `guard`."""
+def _level_input(level: Level, columns: list[str], primary_key: list[str]) -> Callable[[pa.Table], ExecNode]:
+    """The CoalesceFirstExec input for one level: a take, bloom-guarded for a generation."""
 
     def take(k: pa.Table) -> ExecNode:
         return TakeLastExec(level, k, columns, primary_key)
 
-    if not guard or not isinstance(level, GenerationLevel):
+    if not isinstance(level, GenerationLevel):
         return take
 
     def guarded(k: pa.Table) -> ExecNode:

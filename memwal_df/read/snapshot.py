@@ -26,7 +26,7 @@ generations hide older duplicates with a deletion vector, MemTable copies are de
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,7 +41,7 @@ from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.schema import TableSchema, conform
 from memwal_df.format.storage import Storage
 from memwal_df.read.cache import PerObjectCache
-from memwal_df.read.keys import distinct_keys, last_per_key
+from memwal_df.read.keys import distinct_keys
 from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
 
 if TYPE_CHECKING:
@@ -318,27 +318,18 @@ def _region_levels(
 
 
 def region_writer_snapshot(
-    table: TableHandle,
-    region_id: uuid.UUID,
-    manifest: pb.ShardManifest,
-    memtables: Sequence[tuple[int, pa.Table]],
+    table: TableHandle, region_id: uuid.UUID, manifest: pb.ShardManifest, held: Collection[int]
 ) -> ReadSnapshot:
-    """One region as its writer sees it, for the writer's own lookups: the base table's open version,
-    the generations `manifest` lists that version has not merged, and `memtables` ((generation,
-    newest rows of some keys), oldest first; a generation given here is not read from storage: its
-    MemTable holds the same rows). The MemTables are the newest levels, so they are read as one
-    level: the newest of their rows per key. The MemWAL index details are read before the dataset:
-    a concurrent `refresh` replaces the dataset first, so the details are never newer than the base
-    (newer ones would skip generations whose rows that base lacks)."""
+    """One region's stored levels as its writer sees them, for the writer's own lookups: the base
+    table's open version and the generations `manifest` lists that version has not merged, except the
+    `held` ones (generations whose rows the writer holds in memory and asks there). The MemWAL index
+    details are read before the dataset: a concurrent `refresh` replaces the dataset first, so the
+    details are never newer than the base (newer ones would skip generations whose rows that base
+    lacks)."""
     details = table.details
     base = table.dataset
     region = _region_levels(table, region_id, manifest, None, memwal_index.merged_generations(details), {})
-    held = {g for g, _ in memtables}
     region.levels = [lv for lv in region.levels if lv.generation not in held]
-    found = [rows for _, rows in memtables if rows.num_rows]
-    if found:
-        newest = last_per_key(pa.concat_tables(found), table.schema.primary_key)
-        region.levels.insert(0, MemTableLevel(region_id, max(held), table.storage, newest))
     return ReadSnapshot(table.schema, base, details, [region], "latest", table.storage)
 
 

@@ -11,9 +11,8 @@ The maintained vector and full-text indexes (`memwal_df.write.memtable_index`) a
 writer brings them up to date on every write (`indexed_write`) or in the background, and a reader's
 `snapshot()` indexes whatever they do not cover yet when it searches.
 
-Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `lookup`
-returns the same rows `newest()` holds for those keys, and so does `FlushedRows.lookup` (the newest
-rows of a flushed MemTable in one contiguous table, without its batches and indexes). A MemTable is
+Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `find`
+returns the same rows `newest()` holds for those keys. A MemTable is
 not thread-safe; its region writer serializes access (its `indexes` are thread-safe).
 """
 
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.pk_index import pk_index_key
+from memwal_df.format.rows import TOMBSTONE
 from memwal_df.write.memtable_index import MemTableIndexes, TermRows, VectorRows
 
 _CHUNKED_TAKE_ROWS = 32_768  # up to this many rows, one take over all batches beats one per batch
@@ -61,6 +61,19 @@ class MemTable:
         # Its last writes, which no WAL entry holds: its generation makes them durable (non-durable
         # writers seal without appending the buffered writes).
         self.unlogged_tail: list[pa.RecordBatch] = []
+        self._sealed = False
+        self._sealed_newest: tuple[pa.Table, np.ndarray | None] | None = None  # `_newest()`, once sealed
+        self._contiguous: pa.Table | None = None  # the sealed newest rows in one chunk, once looked up
+
+    def seal(self) -> None:
+        """No more writes: `newest()` is computed once from now on, and lookups take rows from one
+        contiguous copy of it (made by the first lookup; `held_bytes` counts it)."""
+        self._sealed = True
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of its rows, and of their contiguous copy if a lookup made one."""
+        return self.nbytes + (0 if self._contiguous is None else self._contiguous.nbytes)
 
     def __len__(self) -> int:
         return self.num_rows
@@ -81,6 +94,7 @@ class MemTable:
 
     def append(self, batch: pa.RecordBatch) -> None:
         """Add one write (a batch in WAL schema) to the MemTable."""
+        assert not self._sealed, "a sealed MemTable takes no writes"
         if batch.num_rows == 0:
             return
         self.batches.append(batch)
@@ -131,32 +145,47 @@ class MemTable:
 
     def _newest(self) -> tuple[pa.Table, np.ndarray | None]:
         """(`newest()`, the positions of its rows; None when it is every row)."""
+        if self._sealed_newest is not None:
+            return self._sealed_newest
         positions = self._newest_positions()
         table = self.to_table()
-        if positions is None:
-            return table, None
-        keep = np.zeros(self.num_rows, dtype=bool)
-        keep[positions] = True  # a filter keeps forward order and copies each kept row once, batch by batch
-        return table.filter(pa.array(keep)), positions
+        if positions is not None:
+            keep = np.zeros(self.num_rows, dtype=bool)
+            keep[positions] = True  # a filter keeps forward order and copies each kept row once
+            table = table.filter(pa.array(keep))
+        if self._sealed:
+            self._sealed_newest = (table, positions)
+        return table, positions
 
     def snapshot(self) -> MemTableSnapshot:
         """`newest()` now, with access to the MemTable indexes for those rows."""
         table, positions = self._newest()
         return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
 
-    def lookup(self, keys: Sequence[pa.Array], columns: Sequence[str] | None = None) -> pa.Table:
-        """The newest rows (tombstones included; `columns` only, default all) of the given keys that
-        this MemTable holds, in forward write order: one hash probe of the newest rows' keys (kept
-        between writes), then a take of the rows found."""
+    def find(
+        self, keys: pa.Table | None, asked: pa.Array, columns: Sequence[str] | None = None
+    ) -> tuple[pa.Table, np.ndarray]:
+        """(the newest rows, tombstones included, of the `asked` keys (`encoded_keys`, repeats
+        allowed) this MemTable holds, in forward write order: `columns` and `_tombstone` (default:
+        every column); one bool per asked key: whether it is held): one hash lookup of the asked
+        keys among the newest rows' keys (kept between writes), then a take of the rows found (from
+        one contiguous copy of them once the MemTable is sealed). `keys`, the asked key columns, is
+        not needed (`memwal_df.write.newest_rows.KeyedLevel`)."""
         positions = self._newest_positions()
         held = self._newest_cache[3]
-        schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+        schema = self.schema if columns is None else _with_tombstone(self.schema, columns)
         if held is None:
-            return schema.empty_table()
-        asked = encoded_keys(keys, self.schema, self.primary_key)
-        hit = pc.is_in(held, value_set=asked).to_numpy(zero_copy_only=False)
-        at = np.flatnonzero(hit) if positions is None else positions[hit]
-        return self._take(at, schema)
+            return schema.empty_table(), np.zeros(len(asked), dtype=bool)
+        found = pc.index_in(asked, value_set=held)  # positions among the newest rows
+        hit = found.is_valid().to_numpy(zero_copy_only=False)
+        at = np.unique(found.drop_null().to_numpy(zero_copy_only=False).astype(np.int64))
+        if self._sealed:
+            if self._contiguous is None:
+                table, positions = self._newest()
+                self._contiguous = table.combine_chunks()
+                self._sealed_newest = (self._contiguous, positions)
+            return self._contiguous.select(schema.names).take(pa.array(at)), hit
+        return self._take(at if positions is None else positions[at], schema), hit
 
     def _take(self, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
         """The rows at ascending `positions` (`schema`'s columns): one take over the batches of a small
@@ -225,31 +254,9 @@ class MemTableSnapshot:
         return mt.indexes.terms(column, mt.batches, self.batches, self.rows)
 
 
-@dataclass(frozen=True)
-class FlushedRows:
-    """The newest row of every key (tombstones included) of a MemTable its writer committed as
-    generation `generation`, in one contiguous table, for the writer's own lookups (`lookup` returns
-    what the MemTable's returned)."""
-
-    generation: int
-    rows: pa.Table
-    keys: pa.Array  # the rows' keys, `pk_index_key`-encoded
-    primary_key: tuple[str, ...]
-
-    @staticmethod
-    def of(memtable: MemTable) -> FlushedRows:
-        rows = memtable.newest().combine_chunks()
-        keys = pk_index_key([rows.column(c).combine_chunks() for c in memtable.primary_key])
-        return FlushedRows(memtable.generation, rows, keys, tuple(memtable.primary_key))
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows.nbytes + self.keys.nbytes
-
-    def lookup(self, keys: Sequence[pa.Array], columns: Sequence[str]) -> pa.Table:
-        """The rows (`columns` only) of the given keys."""
-        asked = encoded_keys(keys, self.rows.schema, self.primary_key)
-        return self.rows.select(list(columns)).filter(pc.is_in(self.keys, value_set=asked))
+def _with_tombstone(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """The fields of `schema` (a WAL schema) named by `columns`, then `_tombstone`."""
+    return pa.schema([schema.field(c) for c in columns if c != TOMBSTONE] + [schema.field(TOMBSTONE)])
 
 
 def encoded_keys(keys: Sequence[pa.Array], schema: pa.Schema, primary_key: Sequence[str]) -> pa.Array:

@@ -18,7 +18,7 @@ generations, readers and the merger see nothing new.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -62,18 +62,17 @@ class BaseRows:
 
 
 class CurrentRows(Protocol):
-    """The live rows (`columns` only, the key among them) of the keys in `keys` that exist in one region:
-    `memtables` (the newest rows of those keys in each of its writer's MemTables, tombstones included,
-    as (generation, rows), oldest first: the unflushed ones, after the flushed ones the writer still
-    keeps, whose generations are then not read from storage), then the other generations `manifest`
-    lists that are not merged into the base yet, then the base table; a deleted or absent key has no
-    row."""
+    """The live rows (`columns` only, the key among them) of the keys in `keys` that exist in one
+    region's stored levels: the generations `manifest` lists that are not merged into the base yet,
+    except the `held` ones (generations whose rows the writer holds in memory and looked the keys up
+    in already), then the base table; a deleted or absent key has no row. The writer asks only for
+    the keys none of its MemTables holds."""
 
     def __call__(
         self,
         region_id: uuid.UUID,
         manifest: pb.ShardManifest,
-        memtables: Sequence[tuple[int, pa.Table]],
+        held: Collection[int],
         keys: pa.Table,
         columns: Sequence[str],
         base: BaseRows | None = None,
@@ -129,6 +128,8 @@ class Condition:
         return Condition(self.mode, {c: a.slice(offset, length) for c, a in self.expected.items()})
 
     def take(self, positions: np.ndarray) -> Condition:
+        if not self.expected:
+            return self
         idx = pa.array(positions)
         return Condition(self.mode, {c: a.take(idx) for c, a in self.expected.items()})
 
@@ -219,14 +220,15 @@ def needed_columns(ts: TableSchema, rows: pa.Table, condition: Condition) -> lis
 
 
 def merge(
-    ts: TableSchema, rows: pa.Table, condition: Condition, current: pa.Table
+    ts: TableSchema, rows: pa.Table, condition: Condition, current: pa.Table, keys: pa.Array | None = None
 ) -> tuple[pa.Table, np.ndarray]:
     """(the full rows to write, in input order; which input rows apply) for `rows` (`partial_rows`, or
-    full rows) given `current` (the live rows of their keys, at least the `needed_columns`). Rows of a
+    full rows) given `current` (the live rows of their keys, at least the `needed_columns`; `keys`: the
+    rows' `encoded_keys`, when the caller has them). Rows of a
     key given several times are applied in rounds, one occurrence per round, each round seeing the
     rows the earlier ones applied; a put without repeated keys is one round of vectorized takes."""
     pk = ts.primary_key
-    keys = encoded_keys(rows, pk)
+    keys = encoded_keys(rows, pk) if keys is None else keys
     state, state_keys = current, encoded_keys(current, pk)
     applied = np.zeros(rows.num_rows, dtype=bool)
     written: list[pa.Table] = []

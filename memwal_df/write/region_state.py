@@ -25,7 +25,7 @@ from memwal_df.errors import MemWalError, WriterClosedError, WriterFencedError
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.schema import TableSchema
-from memwal_df.write.memtable import FlushedRows, MemTable
+from memwal_df.write.memtable import MemTable
 
 KEPT_FLUSHED_BYTES = 64 * 1024 * 1024
 """The bytes of rows a region writer keeps of the generations it flushed, for its own lookups."""
@@ -49,11 +49,11 @@ class RegionState:
         self.manifest = manifest  # the version this writer committed (or found) last
         self.active = self.new_memtable(manifest.current_generation)
         self.sealed: deque[MemTable] = deque()  # oldest first, each until its generation is committed
-        # Once the writer made a partial or conditional write (`keep_flushed`): the rows of the
-        # MemTables it committed as generations, newest `KEPT_FLUSHED_BYTES` of them, oldest first,
-        # for its lookups.
+        # Once the writer made a partial or conditional write (`keep_flushed`): the MemTables it
+        # committed as generations (sealed, so unchanging), newest `KEPT_FLUSHED_BYTES` of rows of
+        # them, oldest first, for its lookups.
         self.keep_flushed = False
-        self.flushed: deque[FlushedRows] = deque()
+        self.flushed: deque[MemTable] = deque()
         self.next_position = manifest.replay_after_wal_entry_position + 1
         # Non-durable mode: accepted batches collect in `pending` until a threshold makes them one
         # WAL entry in `ready` (sealing the MemTable makes them its `unlogged_tail` instead, made
@@ -94,6 +94,7 @@ class RegionState:
         if self.active.num_rows == 0:
             return
         self.active.unlogged_tail, self.pending, self.pending_bytes = self.pending, [], 0
+        self.active.seal()
         self.sealed.append(self.active)
         self.active = self.new_memtable(self.active.generation + 1)
         self.active.last_wal_position = self.next_position - 1
@@ -107,10 +108,10 @@ class RegionState:
         self.sealed.popleft()
         if not self.keep_flushed:
             return
-        self.flushed.append(FlushedRows.of(memtable))
-        kept = sum(m.nbytes for m in self.flushed)
+        self.flushed.append(memtable)  # (sealed: its rows no longer change)
+        kept = sum(m.held_bytes for m in self.flushed)
         while kept > KEPT_FLUSHED_BYTES:
-            kept -= self.flushed.popleft().nbytes
+            kept -= self.flushed.popleft().held_bytes
 
     def fence(self, reason: str) -> WriterFencedError:
         """Record that a newer epoch owns the region: drop the WAL buffer and return the error every

@@ -45,20 +45,21 @@ from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
-from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.schema import TableSchema, delete_batch, to_table, upsert_chunks, with_tombstone
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.write.claim import claim, replay
 from memwal_df.write.flush import FlushPipeline
-from memwal_df.write.memtable import FlushedRows, MemTable, MemTableSnapshot
+from memwal_df.write.memtable import MemTable, MemTableSnapshot
 from memwal_df.write.memtable_index import BackgroundIndexer
+from memwal_df.write.newest_rows import newest_rows
 from memwal_df.write.partial import (
     Applied,
     BaseRows,
     Condition,
     CurrentRows,
     chunks,
+    encoded_keys,
     merge,
     needed_columns,
     put_condition,
@@ -187,15 +188,21 @@ class RegionWriter:
         if rows.num_rows == 0:
             return Applied(np.zeros(0, dtype=bool), ts.key_schema.empty_table())
         keys = rows.select(list(ts.primary_key))
+        asked = encoded_keys(rows, ts.primary_key)
         columns = needed_columns(ts, rows, condition)
+        schema = pa.schema([ts.schema.field(c) for c in columns])
 
         def build() -> tuple[pa.RecordBatch | None, np.ndarray]:
             state = self._state
             state.keep_flushed = True  # later lookups read the generations this writer flushes in memory
-            held: list[FlushedRows | MemTable] = [*state.flushed, *state.sealed, state.active]
-            memtables = [(mt.generation, mt.lookup(keys.columns, [*columns, TOMBSTONE])) for mt in held]
-            current = lookup(self.region_id, state.manifest, memtables, keys, columns, base)
-            full, mask = merge(ts, rows, condition, current)
+            held = [state.active, *reversed(state.sealed), *reversed(state.flushed)]  # newest first
+            current, resolved = newest_rows(held, asked, schema)
+            if not resolved.all():  # the keys no MemTable holds, in the region's stored levels
+                rest = keys if not resolved.any() else keys.filter(pa.array(~resolved))
+                generations = [lv.generation for lv in held]
+                stored = lookup(self.region_id, state.manifest, generations, rest, columns, base)
+                current = pa.concat_tables([current, stored]) if current.num_rows else stored
+            full, mask = merge(ts, rows, condition, current, asked)
             if full.num_rows == 0:
                 return None, mask
             batch = with_tombstone(ts, full, False)
@@ -205,7 +212,7 @@ class RegionWriter:
 
         mask = self._wal_commit.write_exclusive(build, rows.nbytes)
         self._state.stats["puts"] += 1
-        return Applied(mask, keys.filter(pa.array(mask)))
+        return Applied(mask, keys if mask.all() else keys.filter(pa.array(mask)))
 
     def write_routed(self, rows: pa.Table, deleted: bool) -> None:
         """Write rows that the table writer already validated and routed to this region.

@@ -31,8 +31,6 @@ How each level is read:
   fragments each one adds and its new deletion files; the index scans use too) finds the rows, taken
   through kept `FragmentSession`s by visible offset; the rows taken must carry the keys asked for.
   Absent keys cost no read at all.
-* base rows read elsewhere for the requested keys (`taken`, a write's lookup across its regions,
-  when it gives them): the rows of the requested keys among them.
 * any other base table: a scan with `key IN (...)` pushed into Lance, which answers it from a scalar
   index on the key (btree, bitmap) when there is one; the scan stops once every key is found (the
   base holds each key once).
@@ -40,7 +38,7 @@ How each level is read:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import lance
@@ -130,12 +128,9 @@ class TakeLastExec(ExecNode):
         columns: Sequence[str],
         primary_key: Sequence[str],
         storage: Storage | None = None,
-        *,
-        taken: Callable[[], pa.Table | None] | None = None,
     ) -> None:
         self.source = source
         self.storage = storage  # the base table's, for its deletion files (None: Lance reads them)
-        self.taken = taken  # gives the base's rows of every requested key it holds, read elsewhere
         self.primary_key = list(primary_key)
         self.keys = keys.select(self.primary_key)
         self.columns = output_columns(columns, self.primary_key)
@@ -243,14 +238,6 @@ class TakeLastExec(ExecNode):
         return last_per_key(table, self.primary_key, order).drop_columns([_ROWADDR])
 
     def _base(self, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
-        taken = self.taken() if self.taken is not None else None
-        if taken is not None:
-            self.method = "rows read for the write"
-            asked = member_mask(taken, self.primary_key, encode_keys(self.keys, self.primary_key))
-            rows = taken.filter(pa.array(asked)).select(self.columns)
-            self.rows_out += rows.num_rows
-            yield from (b for b in _live(rows).to_batches() if b.num_rows)
-            return
         if indexable(ds):
             taken = self._take_indexed(ds)
             if taken is not None:
