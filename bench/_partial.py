@@ -6,11 +6,19 @@ the base. Before the timed part the writer already holds keys in every level: a 
 updated are base keys, a third were written and flushed into generations, a third sit in the active
 MemTables. The timed part updates those keys in `batch`-row puts, either as full rows (all 6 columns)
 or as partial rows (`id`, `value`, `count`: 2 of the 5 value columns), each followed by `close()`.
-Both runs start from identically prepared tables; only the puts and the close are timed.
+Both runs start from identically prepared tables; only the puts and the close are timed, in wall time
+and in CPU time of the whole process (every thread, Lance's included).
+
+`base_take` measures the part of a partial upsert no implementation can skip: reading the missing
+columns of the keys that only the base holds. It takes those columns of each timed put's base keys
+with Lance (`FragmentSession.take`, the read the writer does) and reports the process CPU per updated
+row. A full upsert's CPU plus that take's, spread over every CPU, bounds how fast a partial upsert
+can be on this machine (`markdown`).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -33,10 +41,15 @@ class PartialRun:
     rows: int
     put_s: float
     close_s: float
+    cpu_s: float  # process CPU (every thread) during the puts and the close
 
     @property
     def rows_per_s(self) -> float:
         return self.rows / (self.put_s + self.close_s)
+
+    @property
+    def cpu_us_per_row(self) -> float:
+        return self.cpu_s / self.rows * 1e6
 
 
 def with_count(rows: pa.Table, shift: int = 0) -> pa.Table:
@@ -91,30 +104,68 @@ def run_partial(
     batches = update_batches(wl, spread)
     if partial:
         batches = [b.select(CARRIED) for b in batches]
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for b in batches:
         w.put(b, partial=partial)
     t1 = time.perf_counter()
     w.close()
     t2 = time.perf_counter()
+    rows = sum(b.num_rows for b in batches)
     return PartialRun(
-        "partial" if partial else "full", durable, sum(b.num_rows for b in batches), t1 - t0, t2 - t1
+        "partial" if partial else "full", durable, rows, t1 - t0, t2 - t1, time.process_time() - c0
     )
 
 
-def markdown(runs: list[PartialRun]) -> str:
-    """A table: per mode, full and partial rows/s (median of the repeats), their ratio and the added
-    cost per row of a partial upsert."""
+def base_take(new_uri: Callable[[str], str], wl: Workload, memtable_rows: int) -> float:
+    """Process CPU µs per updated row to take, with Lance, the columns a partial put does not carry of
+    its keys that only the base holds (each put's base keys in one `FragmentSession.take`)."""
+    w, spread = prepare(new_uri("base-take"), wl, memtable_rows, durable=False)
+    w.close()
+    ds = lance.dataset(w.table.uri)
+    (fragment,) = ds.get_fragments()
+    missing = [c for c in ds.schema.names if c not in CARRIED]
+    session = fragment.open_session(["id", *missing])
+    ids = fragment.to_table(columns=["id"]).column("id").to_numpy()
+    order = np.argsort(ids)
+    batches = update_batches(wl, spread)
+    c0 = time.process_time()
+    for b in batches:
+        keys = b.column("id").to_numpy()
+        at = np.searchsorted(ids, keys, sorter=order)
+        found = (at < len(ids)) & (ids[order[np.minimum(at, len(ids) - 1)]] == keys)
+        session.take(pa.array(np.sort(order[at[found]]), pa.uint64()))
+    return (time.process_time() - c0) / sum(b.num_rows for b in batches) * 1e6
+
+
+def markdown(runs: list[PartialRun], take_us: float | None = None) -> str:
+    """A table: per mode, full and partial rows/s (median of the repeats), their ratio, the added
+    cost per row of a partial upsert, and the CPU per row of both; with `take_us` (`base_take`), the
+    bound it puts on a partial upsert on this machine's CPUs."""
     lines = [
-        "| mode | full upserts rows/s | partial upserts rows/s | partial / full | added cost per row |",
-        "|---|---:|---:|---:|---:|",
+        "| mode | full upserts rows/s | partial upserts rows/s | partial / full | added cost per row "
+        "| CPU per row, full / partial |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    cpus = os.cpu_count() or 1
+    bounds = []
     for durable in sorted({r.durable for r in runs}, reverse=True):
-        full = _median(r.rows_per_s for r in runs if r.durable == durable and r.kind == "full")
-        part = _median(r.rows_per_s for r in runs if r.durable == durable and r.kind == "partial")
+        mine = [r for r in runs if r.durable == durable]
+        full = _median(r.rows_per_s for r in mine if r.kind == "full")
+        part = _median(r.rows_per_s for r in mine if r.kind == "partial")
+        full_cpu = _median(r.cpu_us_per_row for r in mine if r.kind == "full")
+        part_cpu = _median(r.cpu_us_per_row for r in mine if r.kind == "partial")
+        mode = "durable" if durable else "non-durable"
         lines.append(
-            f"| {'durable' if durable else 'non-durable'} | {full:,.0f} | {part:,.0f} | {part / full:.0%} "
-            f"| {(1 / part - 1 / full) * 1e6:.1f} µs |"
+            f"| {mode} | {full:,.0f} | {part:,.0f} | {part / full:.0%} "
+            f"| {(1 / part - 1 / full) * 1e6:.1f} µs | {full_cpu:.1f} / {part_cpu:.1f} µs |"
+        )
+        if take_us is not None:
+            fastest = cpus / (full_cpu + take_us) * 1e6  # every CPU busy, nothing but the take added
+            bounds.append(f"{mode} ≤ {fastest:,.0f} rows/s ({fastest / full:.0%} of full)")
+    if take_us is not None:
+        lines.append(
+            f"\nLance take of the missing columns of the base keys: {take_us:.1f} µs CPU per updated row; "
+            f"a partial upsert on {cpus} CPUs at best: " + ", ".join(bounds)
         )
     return "\n".join(lines)
 

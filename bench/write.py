@@ -54,7 +54,7 @@ from typing import Any
 import lance
 import numpy as np
 import pyarrow as pa
-from _partial import PartialRun, run_partial
+from _partial import PartialRun, base_take, run_partial
 from _partial import markdown as partial_markdown
 from _workload import NUM_REGIONS, Workload, git_state, make_workload, scratch_root
 from lance.mem_wal import evaluate_sharding_spec
@@ -635,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  memwal_df {mode:11s} {run.kind} upserts: {run.rows_per_s:>10,.0f} rows/s", flush=True
                 )
-        print(partial_markdown(partial_runs), flush=True)
+        take_us = base_take(scratch.new, wl, memtable_rows)
+        print(partial_markdown(partial_runs, take_us), flush=True)
         if args.partial_only:
             return 0
         configs = [(regions, durable, 1) for regions in (NUM_REGIONS, 1) for durable in modes]
@@ -700,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
                 ],
                 "latency": [lat.summary() for lat in latencies],
                 "partial": [{**asdict(r), "rows_per_s": r.rows_per_s} for r in partial_runs],
+                "partial_base_take_cpu_us_per_row": take_us,
                 "wal_entry_bytes_one_row": entry_size,
             }
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.maintained_indexes import MaintainedIndex
+from memwal_df.format.pk_index import lookup as sorted_lookup
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.write.memtable_index import MemTableIndexes, TermRows, VectorRows
@@ -63,17 +64,23 @@ class MemTable:
         self.unlogged_tail: list[pa.RecordBatch] = []
         self._sealed = False
         self._sealed_newest: tuple[pa.Table, np.ndarray | None] | None = None  # `_newest()`, once sealed
-        self._contiguous: pa.Table | None = None  # the sealed newest rows in one chunk, once looked up
+        # Once a sealed MemTable is looked up: ((its newest rows' keys sorted, their positions), those
+        # rows in one chunk).
+        self._sorted: tuple[tuple[pa.Array, np.ndarray], pa.Table] | None = None
 
     def seal(self) -> None:
-        """No more writes: `newest()` is computed once from now on, and lookups take rows from one
-        contiguous copy of it (made by the first lookup; `held_bytes` counts it)."""
+        """No more writes: `newest()` is computed once from now on, and lookups read a sorted copy of
+        its keys and one contiguous copy of its rows (made by the first lookup; `held_bytes` counts
+        them)."""
         self._sealed = True
 
     @property
     def held_bytes(self) -> int:
-        """The bytes of its rows, and of their contiguous copy if a lookup made one."""
-        return self.nbytes + (0 if self._contiguous is None else self._contiguous.nbytes)
+        """The bytes of its rows, and of the copies a lookup of the sealed MemTable made."""
+        if self._sorted is None:
+            return self.nbytes
+        (values, ids), table = self._sorted
+        return self.nbytes + values.nbytes + ids.nbytes + table.nbytes
 
     def __len__(self) -> int:
         return self.num_rows
@@ -167,25 +174,35 @@ class MemTable:
     ) -> tuple[pa.Table, np.ndarray]:
         """(the newest rows, tombstones included, of the `asked` keys (`encoded_keys`, repeats
         allowed) this MemTable holds, in forward write order: `columns` and `_tombstone` (default:
-        every column); one bool per asked key: whether it is held): one hash lookup of the asked
-        keys among the newest rows' keys (kept between writes), then a take of the rows found (from
-        one contiguous copy of them once the MemTable is sealed). `keys`, the asked key columns, is
-        not needed (`memwal_df.write.newest_rows.KeyedLevel`)."""
+        every column); one bool per asked key: whether it is held). Open, it hashes the asked keys
+        and probes the newest rows' keys (kept between writes) with them, then takes the rows found
+        from its batches. Sealed, it looks the keys up in a sorted copy of those keys and takes the
+        rows from one contiguous copy of the newest rows (both made by its first lookup). `keys`,
+        the asked key columns, is not needed (`memwal_df.write.newest_rows.KeyedLevel`)."""
+        schema = self.schema if columns is None else _with_tombstone(self.schema, columns)
+        if self._sealed:
+            (values, ids), table = self._sealed_lookup()
+            found = sorted_lookup(values, ids, asked)  # positions among the newest rows, -1: absent
+            hit = found >= 0
+            return table.select(schema.names).take(pa.array(np.unique(found[hit]))), hit
         positions = self._newest_positions()
         held = self._newest_cache[3]
-        schema = self.schema if columns is None else _with_tombstone(self.schema, columns)
         if held is None:
             return schema.empty_table(), np.zeros(len(asked), dtype=bool)
-        found = pc.index_in(asked, value_set=held)  # positions among the newest rows
-        hit = found.is_valid().to_numpy(zero_copy_only=False)
-        at = np.unique(found.drop_null().to_numpy(zero_copy_only=False).astype(np.int64))
-        if self._sealed:
-            if self._contiguous is None:
-                table, positions = self._newest()
-                self._contiguous = table.combine_chunks()
-                self._sealed_newest = (self._contiguous, positions)
-            return self._contiguous.select(schema.names).take(pa.array(at)), hit
+        at = np.flatnonzero(pc.is_in(held, value_set=asked).to_numpy(zero_copy_only=False))
+        hit = pc.is_in(asked, value_set=held.take(pa.array(at))).to_numpy(zero_copy_only=False)
         return self._take(at if positions is None else positions[at], schema), hit
+
+    def _sealed_lookup(self) -> tuple[tuple[pa.Array, np.ndarray], pa.Table]:
+        """((the newest rows' keys sorted, their positions among the newest rows), the newest rows in
+        one chunk) of a sealed MemTable, made once."""
+        if self._sorted is None:
+            table, positions = self._newest()
+            keys = self._keys(table)
+            order = pc.array_sort_indices(keys)
+            self._sealed_newest = (table.combine_chunks(), positions)
+            self._sorted = ((keys.take(order), order.to_numpy()), self._sealed_newest[0])
+        return self._sorted
 
     def _take(self, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
         """The rows at ascending `positions` (`schema`'s columns): one take over the batches of a small
