@@ -3,15 +3,16 @@ one batched lookup per write (`memwal_df.write.newest_rows`): the unmerged gener
 each asked by `_pk_index` (bloom-guarded for a few keys) for the keys no newer level held, then the
 base (its key index, or the rows read once for the whole write).
 
-Guarantees: the rows returned are the live rows of the asked keys as of the writer's MemTables (given
-by the writer, which holds its lock), the generations of its manifest that the base has not merged, and
-the base. The base is the table handle's open version, refreshed only when needed: a generation
-garbage-collected while it was read (merged meanwhile, its rows in a newer base), or a manifest that
-garbage collection may have stripped of generations the open base lacks, makes the lookup run again on
-the base's latest version; it never answers from a base that lacks rows of a level it skipped.
-Base rows taken once for a write across its regions (`base_rows`) stand for the base only in a
-lookup that reads the very version they were taken from (a version's rows never change); any other
-lookup, a retry on a newer version included, reads the base itself.
+Guarantees: the rows returned are the live rows of the asked keys (the ones none of the writer's
+MemTables holds; the writer asks under its lock) as of the generations of its manifest that the base
+has not merged, except those it holds in memory, and the base. The base is the table handle's open
+version, refreshed only when needed: a generation garbage-collected while it was read (merged
+meanwhile, its rows in a newer base), or a manifest that garbage collection may have stripped of
+generations the open base lacks, makes the lookup run again on the base's latest version; it never
+answers from a base that lacks rows of a level it skipped. Base rows taken once for a write across its
+regions (`base_rows`) stand for the base only in a lookup that reads the very version they were taken
+from (a version's rows never change); any other lookup, a retry on a newer version included, reads the
+base itself.
 """
 
 from __future__ import annotations

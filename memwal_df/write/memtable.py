@@ -12,8 +12,8 @@ writer brings them up to date on every write (`indexed_write`) or in the backgro
 `snapshot()` indexes whatever they do not cover yet when it searches.
 
 Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `find`
-returns the same rows `newest()` holds for those keys. A MemTable is
-not thread-safe; its region writer serializes access (its `indexes` are thread-safe).
+returns the same rows `newest()` holds for those keys; a sealed MemTable takes no more writes. A
+MemTable is not thread-safe; its region writer serializes access (its `indexes` are thread-safe).
 """
 
 from __future__ import annotations
