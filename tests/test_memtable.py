@@ -16,9 +16,10 @@ from memwal_df.errors import MissingGenerationError
 from memwal_df.format import layout
 from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.open_storage import open_storage
+from memwal_df.format.pk_index import pk_index_key
 from memwal_df.format.rows import TOMBSTONE, wal_schema
 from memwal_df.write.generation import open_generation, primary_key_bytes, write_generation
-from memwal_df.write.memtable import MemTable, encoded_keys
+from memwal_df.write.memtable import MemTable
 from memwal_df.write.newest_rows import newest_rows
 
 HYP = settings(database=None, deadline=None, max_examples=150)
@@ -119,7 +120,7 @@ def check_against_model(
     assert len({kind.key_of(r) for r in got.to_pylist()}) == got.num_rows
 
     # find returns what newest() holds for the asked keys (repeats and unknown keys allowed)
-    looked, hit = mt.find(None, encoded_keys(kind.key_columns(queries), mt.schema, kind.pk))
+    looked, hit = mt.find(None, pk_index_key(kind.key_columns(queries)))
     asked = set(queries)
     assert looked.to_pylist() == [r for r in got.to_pylist() if kind.key_of(r) in asked]
     held = {kind.key_of(r) for r in got.to_pylist()}
@@ -128,7 +129,7 @@ def check_against_model(
     before = mt.held_bytes
     mt.seal()
     for _ in range(2):
-        sealed, sealed_hit = mt.find(None, encoded_keys(kind.key_columns(queries), mt.schema, kind.pk))
+        sealed, sealed_hit = mt.find(None, pk_index_key(kind.key_columns(queries)))
         assert sealed.to_pylist() == looked.to_pylist() and sealed_hit.tolist() == hit.tolist()
     assert mt.newest().to_pylist() == got.to_pylist()
     assert mt.held_bytes >= before
@@ -167,7 +168,7 @@ def test_tombstone_is_the_newest_row() -> None:
         k.row(3, 31, False),
         k.row(2, 22, False),  # re-inserted after its delete
     ]
-    looked, hit = mt.find(None, encoded_keys([pa.array([2, 1, 99, 2])], mt.schema, k.pk))
+    looked, hit = mt.find(None, pk_index_key([pa.array([2, 1, 99, 2])]))
     assert looked.to_pylist() == [k.row(1, None, True), k.row(2, 22, False)]
     assert hit.tolist() == [True, True, False, True]
     assert mt.num_keys == 3 and mt.num_rows == 8
@@ -180,7 +181,7 @@ def test_empty_memtable() -> None:
     assert mt.newest().num_rows == 0 and mt.newest().schema == INT.wal
     assert mt.to_table().num_rows == 0
     for asked in ([1], []):
-        looked, hit = mt.find(None, encoded_keys([pa.array(asked, pa.int64())], mt.schema, INT.pk))
+        looked, hit = mt.find(None, pk_index_key([pa.array(asked, pa.int64())]))
         assert looked.num_rows == 0 and hit.tolist() == [False] * len(asked)
     mt.append(INT.batch([]))
     assert mt.batches == [] and mt.bloom == BloomFilter.empty()
@@ -271,7 +272,7 @@ def test_newest_rows_over_a_stack_of_memtables_against_model(kind_name: str) -> 
             for r in mt.newest().to_pylist():
                 model[kind.key_of(r)] = r
         schema = pa.schema([kind.schema.field(c) for c in kind.schema.names])
-        asked = encoded_keys(kind.key_columns(queries), kind.wal, kind.pk)
+        asked = pk_index_key(kind.key_columns(queries))
         rows, resolved = newest_rows(list(reversed(levels)), asked, schema)
         assert resolved.tolist() == [q in model for q in queries]
         live = {q for q in queries if q in model and not model[q][TOMBSTONE]}

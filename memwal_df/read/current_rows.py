@@ -29,13 +29,12 @@ import pyarrow.compute as pc
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.pools import shared_pool
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
-from memwal_df.read.exec.take_last import TakeLastExec
+from memwal_df.read.exec.take_last import TakeLastExec, with_live_flag
 from memwal_df.read.keys import distinct_keys
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.snapshot import ReadSnapshot, region_writer_snapshot
@@ -45,45 +44,6 @@ from memwal_df.write.partial import BaseRows, encoded_keys
 _MAX_ATTEMPTS = 5
 # Up to this many keys a region, bloom filters rule generations out cheaper than `_pk_index` lookups.
 _GUARDED_KEYS = 16
-
-
-def current_rows(
-    table: TableHandle,
-    region_id: uuid.UUID,
-    manifest: pb.ShardManifest,
-    held: Collection[int],
-    keys: pa.Table,
-    columns: Sequence[str],
-    base: BaseRows | None = None,
-) -> pa.Table:
-    """The live rows (`columns` only) of `keys` in the region (see `memwal_df.write.partial.CurrentRows`)."""
-    ts = table.schema
-    pk = list(ts.primary_key)
-    schema = pa.schema([ts.schema.field(c) for c in columns])
-    keys = keys.select(pk)
-    asked = encoded_keys(keys, pk)
-    for attempt in range(_MAX_ATTEMPTS):
-        if attempt:
-            table.sync()  # a generation was collected: its merge is in a newer base version
-        snapshot = region_writer_snapshot(table, region_id, manifest, held)
-        generations = [lv for lv in snapshot.levels if isinstance(lv, GenerationLevel)]
-        guard = keys.num_rows <= _GUARDED_KEYS
-        levels: list[KeyedLevel] = [_Generation(lv, pk, guard) for lv in generations]
-        levels.append(_Base(snapshot.base, table.storage, pk, _taken(base, snapshot.base.version, columns)))
-        try:
-            rows, _ = newest_rows(levels, asked, schema, keys)
-        except (OSError, ValueError):
-            if attempt + 1 == _MAX_ATTEMPTS or table.is_latest(snapshot.base.version):
-                raise
-            continue  # an old base version whose files version cleanup removed: read the latest
-        if any(lv.missing for lv in generations):
-            continue
-        if _may_lack_merged(region_id, manifest, snapshot) and not table.is_latest(snapshot.base.version):
-            continue
-        return rows
-    raise MissingGenerationError(  # (a merge and GC on every attempt)
-        f"region {region_id}: generations kept disappearing during {_MAX_ATTEMPTS} lookups of current rows"
-    )
 
 
 def _may_lack_merged(region_id: uuid.UUID, manifest: pb.ShardManifest, snapshot: ReadSnapshot) -> bool:
@@ -137,9 +97,7 @@ class _Base:
             node = TakeLastExec(self.dataset, keys, columns, self.primary_key, self.storage)
             return _held(list(node.execute()), asked, self.primary_key)
         at = pc.index_in(asked, value_set=encoded_keys(rows, self.primary_key))  # the base holds a key once
-        rows = rows.take(at.drop_null())
-        live = pa.array(np.zeros(rows.num_rows, dtype=bool))
-        return rows.append_column(TOMBSTONE, live), at.is_valid().to_numpy(zero_copy_only=False)
+        return with_live_flag(rows.take(at.drop_null())), at.is_valid().to_numpy(zero_copy_only=False)
 
 
 def _held(
@@ -197,7 +155,39 @@ class WriterLookup:
         columns: Sequence[str],
         base: BaseRows | None = None,
     ) -> pa.Table:
-        return current_rows(self.table, region_id, manifest, held, keys, columns, base)
+        """The live rows (`columns` only) of `keys` in the region's stored levels (see
+        `memwal_df.write.partial.CurrentRows`)."""
+        table = self.table
+        ts = table.schema
+        pk = list(ts.primary_key)
+        schema = pa.schema([ts.schema.field(c) for c in columns])
+        keys = keys.select(pk)
+        asked = encoded_keys(keys, pk)
+        for attempt in range(_MAX_ATTEMPTS):
+            if attempt:
+                table.sync()  # a generation was collected: its merge is in a newer base version
+            snapshot = region_writer_snapshot(table, region_id, manifest, held)
+            generations = [lv for lv in snapshot.levels if isinstance(lv, GenerationLevel)]
+            guard = keys.num_rows <= _GUARDED_KEYS
+            levels: list[KeyedLevel] = [_Generation(lv, pk, guard) for lv in generations]
+            levels.append(
+                _Base(snapshot.base, table.storage, pk, _taken(base, snapshot.base.version, columns))
+            )
+            try:
+                rows, _ = newest_rows(levels, asked, schema, keys)
+            except (OSError, ValueError):
+                if attempt + 1 == _MAX_ATTEMPTS or table.is_latest(snapshot.base.version):
+                    raise
+                continue  # an old base version whose files version cleanup removed: read the latest
+            if any(lv.missing for lv in generations):
+                continue
+            if _may_lack_merged(region_id, manifest, snapshot) and not table.is_latest(snapshot.base.version):
+                continue
+            return rows
+        raise MissingGenerationError(  # (a merge and GC on every attempt)
+            f"region {region_id}: generations kept disappearing during {_MAX_ATTEMPTS} lookups of "
+            "current rows"
+        )
 
     def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
         return base_rows(self.table, keys, columns)

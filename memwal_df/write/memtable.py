@@ -64,9 +64,9 @@ class MemTable:
         self.unlogged_tail: list[pa.RecordBatch] = []
         self._sealed = False
         self._sealed_newest: tuple[pa.Table, np.ndarray | None] | None = None  # `_newest()`, once sealed
-        # Once a sealed MemTable is looked up: ((its newest rows' keys sorted, their positions), those
-        # rows in one chunk).
-        self._sorted: tuple[tuple[pa.Array, np.ndarray], pa.Table] | None = None
+        # Once a sealed MemTable is looked up: its newest rows' keys sorted, and their positions (its
+        # `_sealed_newest` rows are then one chunk).
+        self._sorted: tuple[pa.Array, np.ndarray] | None = None
 
     def seal(self) -> None:
         """No more writes: `newest()` is computed once from now on, and lookups read a sorted copy of
@@ -77,10 +77,10 @@ class MemTable:
     @property
     def held_bytes(self) -> int:
         """The bytes of its rows, and of the copies a lookup of the sealed MemTable made."""
-        if self._sorted is None:
+        if self._sorted is None or self._sealed_newest is None:
             return self.nbytes
-        (values, ids), table = self._sorted
-        return self.nbytes + values.nbytes + ids.nbytes + table.nbytes
+        values, ids = self._sorted
+        return self.nbytes + values.nbytes + ids.nbytes + self._sealed_newest[0].nbytes
 
     def __len__(self) -> int:
         return self.num_rows
@@ -172,7 +172,7 @@ class MemTable:
     def find(
         self, keys: pa.Table | None, asked: pa.Array, columns: Sequence[str] | None = None
     ) -> tuple[pa.Table, np.ndarray]:
-        """(the newest rows, tombstones included, of the `asked` keys (`encoded_keys`, repeats
+        """(the newest rows, tombstones included, of the `asked` keys (`pk_index_key`-encoded, repeats
         allowed) this MemTable holds, in forward write order: `columns` and `_tombstone` (default:
         every column); one bool per asked key: whether it is held). Open, it hashes the asked keys
         and probes the newest rows' keys (kept between writes) with them, then takes the rows found
@@ -181,7 +181,7 @@ class MemTable:
         the asked key columns, is not needed (`memwal_df.write.newest_rows.KeyedLevel`)."""
         schema = self.schema if columns is None else _with_tombstone(self.schema, columns)
         if self._sealed:
-            (values, ids), table = self._sealed_lookup()
+            values, ids, table = self._sealed_lookup()
             found = sorted_lookup(values, ids, asked)  # positions among the newest rows, -1: absent
             hit = found >= 0
             return table.select(schema.names).take(pa.array(np.unique(found[hit]))), hit
@@ -193,16 +193,17 @@ class MemTable:
         hit = pc.is_in(asked, value_set=held.take(pa.array(at))).to_numpy(zero_copy_only=False)
         return self._take(at if positions is None else positions[at], schema), hit
 
-    def _sealed_lookup(self) -> tuple[tuple[pa.Array, np.ndarray], pa.Table]:
-        """((the newest rows' keys sorted, their positions among the newest rows), the newest rows in
-        one chunk) of a sealed MemTable, made once."""
+    def _sealed_lookup(self) -> tuple[pa.Array, np.ndarray, pa.Table]:
+        """(the newest rows' keys sorted, their positions among the newest rows, the newest rows in one
+        chunk) of a sealed MemTable, made once."""
+        table, positions = self._newest()
         if self._sorted is None:
-            table, positions = self._newest()
             keys = self._keys(table)
             order = pc.array_sort_indices(keys)
-            self._sealed_newest = (table.combine_chunks(), positions)
-            self._sorted = ((keys.take(order), order.to_numpy()), self._sealed_newest[0])
-        return self._sorted
+            table = table.combine_chunks()
+            self._sealed_newest = (table, positions)
+            self._sorted = (keys.take(order), order.to_numpy())
+        return *self._sorted, table
 
     def _take(self, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
         """The rows at ascending `positions` (`schema`'s columns): one take over the batches of a small
@@ -274,8 +275,3 @@ class MemTableSnapshot:
 def _with_tombstone(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
     """The fields of `schema` (a WAL schema) named by `columns`, then `_tombstone`."""
     return pa.schema([schema.field(c) for c in columns if c != TOMBSTONE] + [schema.field(TOMBSTONE)])
-
-
-def encoded_keys(keys: Sequence[pa.Array], schema: pa.Schema, primary_key: Sequence[str]) -> pa.Array:
-    """The asked key columns cast to `schema`'s key types, `pk_index_key`-encoded (as the held keys)."""
-    return pk_index_key([k.cast(schema.field(n).type) for k, n in zip(keys, primary_key, strict=True)])

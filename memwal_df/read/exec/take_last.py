@@ -65,7 +65,7 @@ from memwal_df.read.keys import (
 )
 from memwal_df.read.levels import GenerationLevel, Level, MemTableLevel
 
-__all__ = ["TakeLastExec"]
+__all__ = ["TakeLastExec", "with_live_flag"]
 
 _ROWADDR = "_rowaddr"
 
@@ -244,7 +244,7 @@ class TakeLastExec(ExecNode):
                 self.method = "key index"
                 if taken.num_rows:
                     self.rows_out += taken.num_rows
-                    yield from (b for b in _live(taken).to_batches() if b.num_rows)
+                    yield from (b for b in with_live_flag(taken).to_batches() if b.num_rows)
                 return
             self.method = "filtered scan (the key index does not apply to these keys)"
         yield from self._scan_base(ds)
@@ -277,14 +277,14 @@ class TakeLastExec(ExecNode):
             rows = _first_per_key(rows, self.primary_key)
             found = encode_keys(rows, self.primary_key).cast(unfound.type)
             unfound = unfound.filter(pc.invert(pc.is_in(unfound, value_set=found)))
-            out = _live(rows)
+            out = with_live_flag(rows)
             self.rows_out += out.num_rows
             yield from (b for b in out.to_batches() if b.num_rows)
             if len(unfound) == 0:
                 return  # every key found: the base holds each key once
 
 
-def _live(rows: pa.Table) -> pa.Table:
+def with_live_flag(rows: pa.Table) -> pa.Table:
     """Base-table rows with `_tombstone = false` appended."""
     flag = pa.array(np.zeros(rows.num_rows, dtype=bool), pa.bool_())
     return rows.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), flag)
