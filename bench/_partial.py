@@ -11,9 +11,10 @@ and in CPU time of the whole process (every thread, Lance's included).
 
 `base_take` measures the part of a partial upsert no implementation can skip: reading the missing
 columns of the keys that only the base holds. It takes those columns of each timed put's base keys
-with Lance (`FragmentSession.take`, the read the writer does) and reports the process CPU per updated
-row. A full upsert's CPU plus that take's, spread over every CPU, bounds how fast a partial upsert
-can be on this machine (`markdown`).
+with Lance, as the writer does (`memwal_df.read.fragments.fragment_take`: a `FragmentSession.take`,
+through Lance's io_uring reader on Linux), and reports the process CPU per updated row. A full
+upsert's CPU plus that take's, spread over every CPU, bounds how fast a partial upsert can be on this
+machine (`markdown`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pyarrow as pa
 from _workload import NUM_REGIONS, Workload
 
 import memwal_df as mw
+from memwal_df.read.fragments import fragment_take
 
 CARRIED = ["id", "value", "count"]
 
@@ -118,13 +120,12 @@ def run_partial(
 
 def base_take(new_uri: Callable[[str], str], wl: Workload, memtable_rows: int) -> float:
     """Process CPU µs per updated row to take, with Lance, the columns a partial put does not carry of
-    its keys that only the base holds (each put's base keys in one `FragmentSession.take`)."""
+    its keys that only the base holds (each put's base keys in one take, as the writer reads them)."""
     w, spread = prepare(new_uri("base-take"), wl, memtable_rows, durable=False)
     w.close()
     ds = lance.dataset(w.table.uri)
     (fragment,) = ds.get_fragments()
     missing = [c for c in ds.schema.names if c not in CARRIED]
-    session = fragment.open_session(["id", *missing])
     ids = fragment.to_table(columns=["id"]).column("id").to_numpy()
     order = np.argsort(ids)
     batches = update_batches(wl, spread)
@@ -133,7 +134,7 @@ def base_take(new_uri: Callable[[str], str], wl: Workload, memtable_rows: int) -
         keys = b.column("id").to_numpy()
         at = np.searchsorted(ids, keys, sorter=order)
         found = (at < len(ids)) & (ids[order[np.minimum(at, len(ids) - 1)]] == keys)
-        session.take(pa.array(np.sort(order[at[found]]), pa.uint64()))
+        fragment_take(ds, fragment.fragment_id, np.sort(order[at[found]]), ["id", *missing])
     return (time.process_time() - c0) / sum(b.num_rows for b in batches) * 1e6
 
 

@@ -1,5 +1,6 @@
 """MemTable: newest row per key in forward order (against a dict model, with tombstones and composite
-keys), lookup agreeing with newest(), the bloom filter holding every key; flushing it as a generation."""
+keys), takes by position, the bloom filter holding every key; the key directory over a changing stack
+of MemTables; flushing a MemTable as a generation and reading it back."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import uuid
 from typing import Any
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -18,7 +20,13 @@ from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.format.rows import TOMBSTONE, wal_schema
-from memwal_df.write.generation import open_generation, primary_key_bytes, write_generation
+from memwal_df.write.generation import (
+    generation_memtable,
+    open_generation,
+    primary_key_bytes,
+    write_generation,
+)
+from memwal_df.write.key_directory import KeyDirectory
 from memwal_df.write.memtable import MemTable
 from memwal_df.write.newest_rows import newest_rows
 
@@ -93,9 +101,7 @@ def ops_strategy(kind: Kind) -> st.SearchStrategy:
     return st.lists(st.lists(op, max_size=8), max_size=6)  # batches of (key, value, tombstone)
 
 
-def check_against_model(
-    kind: Kind, batches_ops: list[list[tuple[Any, int | None, bool]]], queries: list[Any]
-) -> None:
+def check_against_model(kind: Kind, batches_ops: list[list[tuple[Any, int | None, bool]]]) -> None:
     mt = MemTable(4, kind.wal, kind.pk)
     all_rows: list[dict[str, Any]] = []
     newest: dict[Any, int] = {}  # key -> position of its newest row
@@ -119,18 +125,15 @@ def check_against_model(
     assert got.to_pylist() == [all_rows[p] for p in positions]  # one row per key, forward order
     assert len({kind.key_of(r) for r in got.to_pylist()}) == got.num_rows
 
-    # find returns what newest() holds for the asked keys (repeats and unknown keys allowed)
-    looked, hit = mt.find(None, pk_index_key(kind.key_columns(queries)))
-    asked = set(queries)
-    assert looked.to_pylist() == [r for r in got.to_pylist() if kind.key_of(r) in asked]
-    held = {kind.key_of(r) for r in got.to_pylist()}
-    assert hit.tolist() == [q in held for q in queries]
-    # sealed, it answers the same from one contiguous copy of its newest rows
+    # take_rows returns the rows at the positions asked, open and sealed (from its one-chunk newest())
+    names = [f.name for f in kind.schema]
+    some = positions[::2]
+    want = [{c: all_rows[p][c] for c in [*names, TOMBSTONE]} for p in some]
+    assert mt.take_rows(np.array(some, np.int64), names).to_pylist() == want
     before = mt.held_bytes
     mt.seal()
     for _ in range(2):
-        sealed, sealed_hit = mt.find(None, pk_index_key(kind.key_columns(queries)))
-        assert sealed.to_pylist() == looked.to_pylist() and sealed_hit.tolist() == hit.tolist()
+        assert mt.take_rows(np.array(some, np.int64), names).to_pylist() == want
     assert mt.newest().to_pylist() == got.to_pylist()
     assert mt.held_bytes >= before
 
@@ -146,13 +149,13 @@ def check_against_model(
 
 
 @pytest.mark.parametrize("kind_name", list(KINDS))
-def test_newest_lookup_bloom_against_model(kind_name: str) -> None:
+def test_newest_take_bloom_against_model(kind_name: str) -> None:
     kind = KINDS[kind_name]
 
     @HYP
-    @given(ops_strategy(kind), st.lists(kind.keys, max_size=10))
-    def run(batches_ops: list, queries: list) -> None:
-        check_against_model(kind, batches_ops, queries)
+    @given(ops_strategy(kind))
+    def run(batches_ops: list) -> None:
+        check_against_model(kind, batches_ops)
 
     run()
 
@@ -168,7 +171,8 @@ def test_tombstone_is_the_newest_row() -> None:
         k.row(3, 31, False),
         k.row(2, 22, False),  # re-inserted after its delete
     ]
-    looked, hit = mt.find(None, pk_index_key([pa.array([2, 1, 99, 2])]))
+    level = KeyDirectory().level([mt])
+    looked, hit = level.find(None, pk_index_key([pa.array([2, 1, 99, 2])]), ["id", "v"])
     assert looked.to_pylist() == [k.row(1, None, True), k.row(2, 22, False)]
     assert hit.tolist() == [True, True, False, True]
     assert mt.num_keys == 3 and mt.num_rows == 8
@@ -181,7 +185,9 @@ def test_empty_memtable() -> None:
     assert mt.newest().num_rows == 0 and mt.newest().schema == INT.wal
     assert mt.to_table().num_rows == 0
     for asked in ([1], []):
-        looked, hit = mt.find(None, pk_index_key([pa.array(asked, pa.int64())]))
+        looked, hit = (
+            KeyDirectory().level([mt]).find(None, pk_index_key([pa.array(asked, pa.int64())]), ["v"])
+        )
         assert looked.num_rows == 0 and hit.tolist() == [False] * len(asked)
     mt.append(INT.batch([]))
     assert mt.batches == [] and mt.bloom == BloomFilter.empty()
@@ -240,6 +246,8 @@ def test_flush_writes_newest_rows(table_uri: str, table_storage_options: dict[st
     # a second flush of the same generation goes to a new directory
     again = write_generation(storage, region, mt, "2.0")
     assert again.path != sst.path and again.generation == 3
+    back = generation_memtable(storage, region, sst, k.wal, k.pk)  # read back: the same newest rows
+    assert back.generation == 3 and back.newest().to_pylist() == mt.newest().to_pylist()
     lance_uri = storage.child_uri(rel)
     assert lance.dataset(lance_uri, storage_options=table_storage_options).count_rows() == 3
 
@@ -248,37 +256,68 @@ def test_flush_writes_newest_rows(table_uri: str, table_storage_options: dict[st
     missing.path = "00000000_gen_3"
     with pytest.raises(MissingGenerationError):
         open_generation(storage, region, missing)
+    with pytest.raises(MissingGenerationError):
+        generation_memtable(storage, region, missing, k.wal, k.pk)
 
 
-@pytest.mark.parametrize("kind_name", ["int64", "composite"])
-def test_newest_rows_over_a_stack_of_memtables_against_model(kind_name: str) -> None:
-    """Keys resolved newest level first: the newest MemTable holding a key answers (a tombstone there
-    means no row, older levels not consulted), whatever the older levels hold."""
+@pytest.mark.parametrize("kind_name", list(KINDS))
+def test_key_directory_over_a_changing_stack_of_memtables_against_model(kind_name: str) -> None:
+    """A writer's key directory answers each asked key from the newest MemTable held that holds it (a
+    tombstone there means no live row: `newest_rows` returns none, and older MemTables are not
+    consulted), while the active MemTable takes writes between lookups, is sealed and replaced, the
+    oldest MemTables are dropped and older generations are read back below the held ones."""
     kind = KINDS[kind_name]
+    step = st.one_of(
+        st.tuples(
+            st.just("write"), st.lists(st.tuples(kind.keys, st.integers(0, 99), st.booleans()), max_size=6)
+        ),
+        st.tuples(st.just("seal"), st.none()),
+        st.tuples(st.just("drop"), st.none()),
+        st.tuples(
+            st.just("load"), st.lists(st.tuples(kind.keys, st.integers(0, 99), st.booleans()), max_size=6)
+        ),
+        st.tuples(st.just("ask"), st.lists(kind.keys, max_size=10)),
+    )
 
     @HYP
-    @given(st.lists(ops_strategy(kind), min_size=1, max_size=4), st.lists(kind.keys, max_size=12))
-    def run(levels_ops: list, queries: list) -> None:
-        levels = []
-        for g, batches_ops in enumerate(levels_ops):  # oldest first
-            mt = MemTable(g, kind.wal, kind.pk)
-            for ops in batches_ops:
-                mt.append(kind.batch([kind.row(k, v, t) for k, v, t in ops]))
-            if g % 2 == 0:
-                mt.seal()
-            levels.append(mt)
-        model: dict[Any, dict[str, Any]] = {}  # key -> newest row over all levels
-        for mt in levels:
-            for r in mt.newest().to_pylist():
-                model[kind.key_of(r)] = r
-        schema = pa.schema([kind.schema.field(c) for c in kind.schema.names])
-        asked = pk_index_key(kind.key_columns(queries))
-        rows, resolved = newest_rows(list(reversed(levels)), asked, schema)
-        assert resolved.tolist() == [q in model for q in queries]
-        live = {q for q in queries if q in model and not model[q][TOMBSTONE]}
-        got = rows.to_pylist()
-        assert sorted(map(kind.key_of, got), key=repr) == sorted(live, key=repr)
-        for r in got:
-            assert r == {c: model[kind.key_of(r)][c] for c in kind.schema.names}
+    @given(st.lists(step, max_size=25))
+    def run(steps: list) -> None:
+        directory = KeyDirectory()
+        held = [MemTable(100, kind.wal, kind.pk)]  # oldest first; the last one is active
+        names = list(kind.schema.names)
+        schema = pa.schema([kind.schema.field(c) for c in names])
+        for op, arg in steps:
+            if op == "write":
+                held[-1].append(kind.batch([kind.row(k, v, t) for k, v, t in arg]))
+            elif op == "seal":
+                held[-1].seal()
+                held.append(MemTable(held[-1].generation + 1, kind.wal, kind.pk))
+            elif op == "drop" and len(held) > 1:
+                held.pop(0)
+            elif op == "load":  # a generation read back from storage, older than every held one
+                loaded = MemTable(held[0].generation - 1, kind.wal, kind.pk)
+                loaded.append(kind.batch([kind.row(k, v, t) for k, v, t in arg]))
+                loaded.seal()
+                held.insert(0, loaded)
+            elif op == "ask":
+                model: dict[Any, dict[str, Any]] = {}
+                for mt in held:
+                    for r in mt.newest().to_pylist():
+                        model[kind.key_of(r)] = r
+                asked = pk_index_key(kind.key_columns(arg))
+                level = directory.level(list(reversed(held)))
+                rows, hit = level.find(None, asked, names)
+                assert hit.tolist() == [q in model for q in arg]
+                got = {kind.key_of(r): r for r in rows.to_pylist()}
+                assert len(got) == rows.num_rows  # one row per key
+                assert got == {q: model[q] for q in arg if q in model}
+                live, resolved = newest_rows([directory.level(list(reversed(held)))], asked, schema)
+                assert resolved.tolist() == hit.tolist()
+                want = {
+                    q: {c: model[q][c] for c in names} for q in arg if q in model and not model[q][TOMBSTONE]
+                }
+                assert {kind.key_of(r): r for r in live.to_pylist()} == want
+        directory.level(list(reversed(held)))
+        assert len(directory) <= sum(mt.num_keys for mt in held)  # dropped MemTables' keys are forgotten
 
     run()

@@ -321,6 +321,36 @@ def test_missing_non_nullable_column_refuses_new_keys(tmp_path: Any) -> None:
     }
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_refused_region_leaves_the_others_written_and_the_writer_usable(tmp_path: Any, durable: bool) -> None:
+    """A partial write over two regions whose rows one region refuses (a new key lacks a non-nullable
+    column): the other region's rows are written (each region's part is its own write), the error
+    is raised, and both regions take later writes."""
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), pa.field("n", pa.int64(), nullable=False)]
+    )
+    data = pa.table({"id": pa.array([], pa.int64()), "n": pa.array([], pa.int64())}, schema=schema)
+    table = lance_made_table(str(tmp_path / "t"), data, "id", bucket_column="id", num_buckets=2)
+    assert table.spec is not None
+    candidates = pa.table({"id": pa.array(range(20), pa.int64())})
+    buckets = table.spec.evaluate(candidates, table.schema.field_ids)[0].to_pylist()
+    a, c = [k for k, b in enumerate(buckets) if b == 0][:2]  # two keys of one region
+    b, d = [k for k, b in enumerate(buckets) if b == 1][:2]  # two of the other
+    w = table.writer(durable=durable)
+    w.put({"id": [a, b], "n": [5, 6]})
+    for new_key in (c, d):  # the refused key routed with one region, then with the other
+        with pytest.raises(errors.MissingValueError):
+            w.put(pa.table({"id": pa.array([a, b, new_key], pa.int64())}), partial=True)
+    later = threading.Thread(target=w.put, args=({"id": [a, b], "n": [7, 8]},), daemon=True)
+    later.start()
+    later.join(60)
+    if later.is_alive():  # a region still waits for the refused write to finish
+        w.abort()
+        pytest.fail("a region takes no more writes after another region refused its rows")
+    w.close()
+    assert sql_rows(table) == {a: {"id": a, "n": 7}, b: {"id": b, "n": 8}}
+
+
 # ---------------------------------------------------------------------------------------------- state machine
 
 KEYS = st.integers(0, 11)

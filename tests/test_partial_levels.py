@@ -1,7 +1,8 @@
 """Where a partial write's lookup reads the current rows: the MemTables a writer flushed itself (kept
 in memory, so their generations are not read from storage, and still right after those generations
-are merged and collected), and the base rows read once per write for all its regions (used only by a
-region lookup that reads the same base version)."""
+are merged and collected), the generations its manifest listed when it made its first partial write
+(read back once, up to one that is gone), and the base rows read once per write for all its regions
+(used only by a region lookup that reads the same base version)."""
 
 from __future__ import annotations
 
@@ -139,3 +140,40 @@ def test_base_rows_are_read_once_per_write(tmp_path: Any, monkeypatch: pytest.Mo
         **{k: (f"base{k}", 10 + k) for k in (0, 2, 4, 6, 8)},
         1: (None, 11),
     }
+
+
+@pytest.mark.parametrize("collected", [False, True])
+def test_listed_generations_are_read_back_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, collected: bool
+) -> None:
+    """A writer's first partial write reads back the generations its manifest lists, newest first:
+    from then on its lookups answer them in memory. When they were merged and collected meanwhile,
+    nothing is read back and the base answers, with the merged rows."""
+    table = new_table(tmp_path)
+    keys = [100, 101, 102, 103]
+    model = {r["id"]: r for r in sql_rows(table).values()}
+    with table.writer() as w:  # two generations per region, written before any partial write
+        for tag in ("x", "y"):
+            w.put(
+                pa.Table.from_pylist(
+                    [full_row(k, tag) for k in keys[: 2 if tag == "y" else 4]], schema=SCHEMA
+                )
+            )
+            w.flush()
+    model.update({k: full_row(k, "y" if k in keys[:2] else "x") for k in keys})
+    if collected:
+        merge_and_collect_elsewhere(table.uri)
+    opened: list[int] = []
+    read = GenerationLevel.dataset
+
+    def counted(level: GenerationLevel) -> Any:
+        opened.append(level.generation)
+        return read(level)
+
+    monkeypatch.setattr(GenerationLevel, "dataset", counted)
+    with table.writer() as w:
+        for round_ in range(3):
+            w.put({"id": keys, "b": [round_] * 4}, partial=True)
+            assert opened == []  # read back (or collected: the base answers), never looked up
+    model.update({k: {**model[k], "b": 2} for k in keys})
+    assert sql_rows(table) == model

@@ -3,10 +3,20 @@
 Guarantees: `fragment_take` and `take_addresses` return exactly the rows asked for, in the order
 asked; a `FragmentSession` (open file readers, about half the cost of a `_take_rows`) is kept per
 dataset object, fragment and column list, and goes with the dataset object.
+
+A take reads one small range per row and column. Lance's default local reader hands each range to a
+thread of its own (a context switch per range); on Linux, a local dataset's sessions are opened
+through Lance's io_uring reader instead (the same files at the same version, opened as
+`file+uring://`, for reads only), which submits them together. If that reader fails where the
+default one succeeds (io_uring not permitted in the process, as under Docker's default seccomp
+profile), the process uses the default reader from then on. `MEMWAL_DF_URING=0` turns it off.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +31,7 @@ from memwal_df.read.cache import PerObjectCache
 __all__ = ["fragment_take", "take_addresses"]
 
 _MAX_SESSIONS = 64  # per dataset object: one per fragment and column list in use
-_sessions: PerObjectCache[lance.LanceDataset, dict[tuple[int, tuple[str, ...]], Any]] = PerObjectCache()
+_sessions: PerObjectCache[lance.LanceDataset, dict[tuple[int, tuple[str, ...]], _Session]] = PerObjectCache()
 _whole: PerObjectCache[lance.LanceDataset, dict[int, bool]] = PerObjectCache()
 
 
@@ -31,17 +41,85 @@ def fragment_take(
     """The rows at `offsets` (strictly increasing) among the visible rows of fragment `fragment_id`
     (one of `ds`'s fragments: every caller takes the id from `ds`), read through a `FragmentSession`
     kept per dataset object, fragment and column list (it keeps the file readers open: a take costs
-    about half of `_take_rows`)."""
+    about half of `_take_rows`), opened through the io_uring reader when it serves."""
     sessions = _sessions.get(ds, dict)
     key = (fragment_id, tuple(columns))
+    indices = pa.array(offsets, pa.uint64())
     session = sessions.get(key)
     if session is None:
         if len(sessions) >= _MAX_SESSIONS:
             sessions.clear()
-        fragment = ds.get_fragment(fragment_id)
-        assert fragment is not None, f"fragment {fragment_id} is not one of the dataset's"
-        session = sessions[key] = fragment.open_session(list(columns))
-    return session.take(pa.array(offsets, pa.uint64()))
+        twin = _uring_twin(ds)
+        session = sessions[key] = _Session(twin or ds, fragment_id, columns, uring=twin is not None)
+    if not session.uring:
+        return session.take(indices)
+    try:
+        return session.take(indices)
+    except (OSError, ValueError):
+        plain = _Session(ds, fragment_id, columns, uring=False)
+        taken = plain.take(indices)  # (raises if the default reader cannot read it either)
+        _uring.disable()  # the io_uring reader failed where the default one reads
+        sessions[key] = plain
+        return taken
+
+
+class _Session:
+    """The `FragmentSession` of one fragment and column list, opened by its first take."""
+
+    def __init__(self, ds: lance.LanceDataset, fragment_id: int, columns: Sequence[str], uring: bool) -> None:
+        self.uring = uring
+        self._open = (ds, fragment_id, list(columns))
+        self._session: Any = None
+
+    def take(self, indices: pa.Array) -> pa.Table:
+        if self._session is None:
+            ds, fragment_id, columns = self._open
+            fragment = ds.get_fragment(fragment_id)
+            assert fragment is not None, f"fragment {fragment_id} is not one of the dataset's"
+            self._session = fragment.open_session(columns)
+        return self._session.take(indices)
+
+
+class _Uring:
+    """Whether this process reads local datasets through Lance's io_uring reader."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.platform == "linux" and os.environ.get("MEMWAL_DF_URING", "1") != "0"
+
+    def disable(self) -> None:
+        self.enabled = False
+
+
+_uring = _Uring()
+_twins: PerObjectCache[lance.LanceDataset, list[lance.LanceDataset | None]] = PerObjectCache()
+
+
+def _uring_twin(ds: lance.LanceDataset) -> lance.LanceDataset | None:
+    """`ds` (a local dataset) at its version opened through the io_uring reader (`file+uring://`:
+    for reads only, Lance commits through it without its conditional put); None when `ds` is not
+    local or the reader is off or cannot open it."""
+    if not _uring.enabled:
+        return None
+    path = _local_path(str(ds.uri))
+    if path is None:
+        return None
+
+    def open_twin() -> list[lance.LanceDataset | None]:
+        try:
+            return [lance.dataset(f"file+uring://{urllib.parse.quote(path)}", version=ds.version)]
+        except (OSError, ValueError):
+            return [None]
+
+    return _twins.get(ds, open_twin)[0]
+
+
+def _local_path(uri: str) -> str | None:
+    """The absolute path of a dataset URI on the local file system (a path or `file://`), else None."""
+    if uri.startswith("/"):
+        return uri
+    if uri.startswith("file:///"):
+        return urllib.parse.unquote(uri[len("file://") :])
+    return None
 
 
 def take_addresses(ds: lance.LanceDataset, addresses: np.ndarray, columns: Sequence[str]) -> pa.Table:

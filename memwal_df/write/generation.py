@@ -138,6 +138,25 @@ def open_generation(storage: Storage, region_id: uuid.UUID, sstable: pb.SsTable)
         ) from e
 
 
+def generation_memtable(
+    storage: Storage, region_id: uuid.UUID, sstable: pb.SsTable, schema: pa.Schema, primary_key: Sequence[str]
+) -> MemTable:
+    """The rows of a flushed generation (`schema`: the region's WAL schema) as a sealed MemTable of its
+    generation; `MissingGenerationError` if its directory or files are gone."""
+    ds = open_generation(storage, region_id, sstable)
+    try:
+        rows = ds.to_table(columns=schema.names)
+    except (OSError, ValueError) as e:
+        raise MissingGenerationError(
+            f"generation {sstable.generation} of region {region_id} cannot be read: {e}"
+        ) from e
+    memtable = MemTable(sstable.generation, schema, primary_key)
+    for batch in rows.cast(schema).combine_chunks().to_batches():
+        memtable.append(batch)
+    memtable.seal()
+    return memtable
+
+
 # ------------------------------------------------------------------------------------------------
 # Field ids
 

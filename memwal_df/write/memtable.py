@@ -11,8 +11,8 @@ The maintained vector and full-text indexes (`memwal_df.write.memtable_index`) a
 writer brings them up to date on every write (`indexed_write`) or in the background, and a reader's
 `snapshot()` indexes whatever they do not cover yet when it searches.
 
-Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `find`
-returns the same rows `newest()` holds for those keys; a sealed MemTable takes no more writes. A
+Guarantees: `newest()` holds exactly one row per key, the newest, in forward write order; `take_rows`
+returns the rows at the positions asked; a sealed MemTable takes no more writes. A
 MemTable is not thread-safe; its region writer serializes access (its `indexes` are thread-safe).
 """
 
@@ -27,12 +27,12 @@ import pyarrow.compute as pc
 
 from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.maintained_indexes import MaintainedIndex
-from memwal_df.format.pk_index import lookup as sorted_lookup
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.write.memtable_index import MemTableIndexes, TermRows, VectorRows
 
 _CHUNKED_TAKE_ROWS = 32_768  # up to this many rows, one take over all batches beats one per batch
+_ROWS_PER_SLICE = 64  # a take of at most one row in this many cuts slices instead of combining batches
 
 
 class MemTable:
@@ -64,23 +64,16 @@ class MemTable:
         self.unlogged_tail: list[pa.RecordBatch] = []
         self._sealed = False
         self._sealed_newest: tuple[pa.Table, np.ndarray | None] | None = None  # `_newest()`, once sealed
-        # Once a sealed MemTable is looked up: its newest rows' keys sorted, and their positions (its
-        # `_sealed_newest` rows are then one chunk).
-        self._sorted: tuple[pa.Array, np.ndarray] | None = None
 
     def seal(self) -> None:
-        """No more writes: `newest()` is computed once from now on, and lookups read a sorted copy of
-        its keys and one contiguous copy of its rows (made by the first lookup; `held_bytes` counts
-        them)."""
+        """No more writes: `newest()` is computed once from now on, as one chunk (`held_bytes`
+        counts that copy)."""
         self._sealed = True
 
     @property
     def held_bytes(self) -> int:
-        """The bytes of its rows, and of the copies a lookup of the sealed MemTable made."""
-        if self._sorted is None or self._sealed_newest is None:
-            return self.nbytes
-        values, ids = self._sorted
-        return self.nbytes + values.nbytes + ids.nbytes + self._sealed_newest[0].nbytes
+        """The bytes of its rows, and of the one-chunk `newest()` of a sealed MemTable once made."""
+        return self.nbytes + (0 if self._sealed_newest is None else self._sealed_newest[0].nbytes)
 
     def __len__(self) -> int:
         return self.num_rows
@@ -160,8 +153,9 @@ class MemTable:
             keep = np.zeros(self.num_rows, dtype=bool)
             keep[positions] = True  # a filter keeps forward order and copies each kept row once
             table = table.filter(pa.array(keep))
-        if self._sealed:
-            self._sealed_newest = (table, positions)
+        if self._sealed:  # one chunk: `take_rows` then takes from it without combining batches
+            self._sealed_newest = (table.combine_chunks(), positions)
+            return self._sealed_newest
         return table, positions
 
     def snapshot(self) -> MemTableSnapshot:
@@ -169,56 +163,37 @@ class MemTable:
         table, positions = self._newest()
         return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
 
-    def find(
-        self, keys: pa.Table | None, asked: pa.Array, columns: Sequence[str] | None = None
-    ) -> tuple[pa.Table, np.ndarray]:
-        """(the newest rows, tombstones included, of the `asked` keys (`pk_index_key`-encoded, repeats
-        allowed) this MemTable holds, in forward write order: `columns` and `_tombstone` (default:
-        every column); one bool per asked key: whether it is held). Open, it hashes the asked keys
-        and probes the newest rows' keys (kept between writes) with them, then takes the rows found
-        from its batches. Sealed, it looks the keys up in a sorted copy of those keys and takes the
-        rows from one contiguous copy of the newest rows (both made by its first lookup). `keys`,
-        the asked key columns, is not needed (`memwal_df.write.newest_rows.KeyedLevel`)."""
-        schema = self.schema if columns is None else _with_tombstone(self.schema, columns)
-        if self._sealed:
-            values, ids, table = self._sealed_lookup()
-            found = sorted_lookup(values, ids, asked)  # positions among the newest rows, -1: absent
-            hit = found >= 0
-            return table.select(schema.names).take(pa.array(np.unique(found[hit]))), hit
-        positions = self._newest_positions()
-        held = self._newest_cache[3]
-        if held is None:
-            return schema.empty_table(), np.zeros(len(asked), dtype=bool)
-        at = np.flatnonzero(pc.is_in(held, value_set=asked).to_numpy(zero_copy_only=False))
-        hit = pc.is_in(asked, value_set=held.take(pa.array(at))).to_numpy(zero_copy_only=False)
-        return self._take(at if positions is None else positions[at], schema), hit
-
-    def _sealed_lookup(self) -> tuple[pa.Array, np.ndarray, pa.Table]:
-        """(the newest rows' keys sorted, their positions among the newest rows, the newest rows in one
-        chunk) of a sealed MemTable, made once."""
-        table, positions = self._newest()
-        if self._sorted is None:
-            keys = self._keys(table)
-            order = pc.array_sort_indices(keys)
-            table = table.combine_chunks()
-            self._sealed_newest = (table, positions)
-            self._sorted = (keys.take(order), order.to_numpy())
-        return *self._sorted, table
-
-    def _take(self, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
-        """The rows at ascending `positions` (`schema`'s columns): one take over the batches of a small
-        MemTable, else a take from each batch that holds some (a take over many rows of chunked
-        columns costs about as much as combining them)."""
+    def take_rows(self, positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """The rows at `positions` (ascending, each the newest row of its key): `columns` and
+        `_tombstone`. Sealed, from the one-chunk `newest()` it keeps. Open: a take over chunked
+        columns first combines them, copying every row, so a few rows (at most one in
+        `_ROWS_PER_SLICE`) are cut out as zero-copy slices, one per run of consecutive positions, and
+        only those are combined; more are one take over the batches of a small MemTable, else a take
+        from each batch that holds some."""
+        schema = _with_tombstone(self.schema, columns)
         if len(positions) == 0:
             return schema.empty_table()
+        if self._sealed:
+            table, newest = self._newest()
+            at = positions if newest is None else np.searchsorted(newest, positions)
+            return table.select(schema.names).take(pa.array(at))
+        sizes = np.fromiter((b.num_rows for b in self.batches), np.int64, len(self.batches))
+        ends = np.cumsum(sizes)
+        which = np.searchsorted(ends, positions, side="right")
+        if len(positions) * _ROWS_PER_SLICE <= self.num_rows:
+            local = positions - (ends - sizes)[which]
+            cuts = np.flatnonzero((np.diff(positions) != 1) | (np.diff(which) != 0)) + 1
+            first = np.r_[0, cuts]
+            lengths = np.diff(np.r_[first, len(positions)])
+            runs = zip(which[first].tolist(), local[first].tolist(), lengths.tolist(), strict=True)
+            pieces = [self.batches[b].slice(at, n) for b, at, n in runs]
+            return pa.Table.from_batches(pieces, schema=self.schema).select(schema.names).combine_chunks()
         if self.num_rows <= _CHUNKED_TAKE_ROWS:
             table = pa.Table.from_batches(self.batches, schema=self.schema).select(schema.names)
             return table.take(pa.array(positions))
-        ends = np.cumsum([b.num_rows for b in self.batches])
-        which = np.searchsorted(ends, positions, side="right")
         parts = []
         for i in np.unique(which).tolist():
-            local = positions[which == i] - (ends[i] - self.batches[i].num_rows)
+            local = positions[which == i] - (ends[i] - sizes[i])
             parts.append(self.batches[i].select(schema.names).take(pa.array(local)))
         return pa.Table.from_batches(parts, schema=schema)
 

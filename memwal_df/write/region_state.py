@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -25,6 +26,7 @@ from memwal_df.errors import MemWalError, WriterClosedError, WriterFencedError
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.schema import TableSchema
+from memwal_df.write.key_directory import KeyDirectory
 from memwal_df.write.memtable import MemTable
 
 KEPT_FLUSHED_BYTES = 64 * 1024 * 1024
@@ -54,6 +56,9 @@ class RegionState:
         # them, oldest first, for its lookups.
         self.keep_flushed = False
         self.flushed: deque[MemTable] = deque()
+        # Where the newest row of each key is among the MemTables above, for the same lookups (built
+        # by the first one).
+        self.key_directory = KeyDirectory()
         self.next_position = manifest.replay_after_wal_entry_position + 1
         # Non-durable mode: accepted batches collect in `pending` until a threshold makes them one
         # WAL entry in `ready` (sealing the MemTable makes them its `unlogged_tail` instead, made
@@ -112,6 +117,17 @@ class RegionState:
         kept = sum(m.held_bytes for m in self.flushed)
         while kept > KEPT_FLUSHED_BYTES:
             kept -= self.flushed.popleft().held_bytes
+
+    def keep_loaded(self, memtables: Sequence[MemTable]) -> None:
+        """Keep `memtables` (generations read back from storage, newest first, each older than every
+        MemTable held) in `flushed`, as many as `KEPT_FLUSHED_BYTES` leaves room for (caller holds
+        the lock)."""
+        kept = sum(m.held_bytes for m in self.flushed)
+        for memtable in memtables:
+            kept += memtable.held_bytes
+            if kept > KEPT_FLUSHED_BYTES:
+                return
+            self.flushed.appendleft(memtable)
 
     def fence(self, reason: str) -> WriterFencedError:
         """Record that a newer epoch owns the region: drop the WAL buffer and return the error every

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.errors import InvalidConfigError, MemWalError, RegionRoutingError
+from memwal_df.errors import InvalidConfigError, MemWalError, MissingGenerationError, RegionRoutingError
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
@@ -50,6 +50,7 @@ from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.write.claim import claim, replay
 from memwal_df.write.flush import FlushPipeline
+from memwal_df.write.generation import generation_memtable
 from memwal_df.write.memtable import MemTable, MemTableSnapshot
 from memwal_df.write.memtable_index import BackgroundIndexer
 from memwal_df.write.newest_rows import newest_rows
@@ -64,7 +65,7 @@ from memwal_df.write.partial import (
     needed_columns,
     put_condition,
 )
-from memwal_df.write.region_state import RegionState
+from memwal_df.write.region_state import KEPT_FLUSHED_BYTES, RegionState
 from memwal_df.write.wal_commit import WalCommitter
 from memwal_df.write.writer_config import WriterConfig
 
@@ -178,6 +179,14 @@ class RegionWriter:
         the read and the write, and the read sees every write accepted before it. `routed`: the table
         writer routed the rows to this region already; `base`: base rows it read for them
         (`CurrentRows.base_rows`)."""
+        return self.start_merged(rows, condition, routed, base)()
+
+    def start_merged(
+        self, rows: pa.Table, condition: Condition, routed: bool = False, base: BaseRows | None = None
+    ) -> Callable[[], Applied]:
+        """`apply_merged` up to the point where the merged rows are accepted; the call it returns
+        finishes it (durable mode: waits for the WAL entry) and must be made, even after an error of
+        the caller's own (`WalCommitter.start_exclusive`)."""
         lookup = self.ctx.current_rows
         if lookup is None:
             raise InvalidConfigError(
@@ -185,8 +194,6 @@ class RegionWriter:
                 "table.writer() or table.region_writer()"
             )
         ts = self.ctx.schema
-        if rows.num_rows == 0:
-            return Applied(np.zeros(0, dtype=bool), ts.key_schema.empty_table())
         keys = rows.select(list(ts.primary_key))
         asked = encoded_keys(rows, ts.primary_key)
         columns = needed_columns(ts, rows, condition)
@@ -194,9 +201,8 @@ class RegionWriter:
 
         def build() -> tuple[pa.RecordBatch | None, np.ndarray]:
             state = self._state
-            state.keep_flushed = True  # later lookups read the generations this writer flushes in memory
-            held = [state.active, *reversed(state.sealed), *reversed(state.flushed)]  # newest first
-            current, resolved = newest_rows(held, asked, schema)
+            held = self._held()
+            current, resolved = newest_rows([state.key_directory.level(held)], asked, schema)
             if not resolved.all():  # the keys no MemTable holds, in the region's stored levels
                 rest = keys if not resolved.any() else keys.filter(pa.array(~resolved))
                 generations = [lv.generation for lv in held]
@@ -210,9 +216,41 @@ class RegionWriter:
                 self._check_region(batch)
             return batch, mask
 
-        mask = self._wal_commit.write_exclusive(build, rows.nbytes)
-        self._state.stats["puts"] += 1
-        return Applied(mask, keys if mask.all() else keys.filter(pa.array(mask)))
+        finish = self._wal_commit.start_exclusive(build, rows.nbytes)
+
+        def applied() -> Applied:
+            mask = finish()
+            self._state.stats["puts"] += 1
+            return Applied(mask, keys if mask.all() else keys.filter(pa.array(mask)))
+
+        return applied
+
+    def _held(self) -> list[MemTable]:
+        """The MemTables the lookups of partial and conditional writes read, newest first: active,
+        sealed, and the generations kept in memory. The first call makes the writer keep the
+        generations it commits from then on, and reads back the ones its manifest lists already
+        (newest first, as many as `KEPT_FLUSHED_BYTES` allows, up to one that is gone)."""
+        state = self._state
+        with state.cond:
+            first, state.keep_flushed = not state.keep_flushed, True
+            held = {m.generation for m in [state.active, *state.sealed, *state.flushed]}
+            stored = [s for s in state.manifest.sstables if s.generation not in held]
+        if first and stored:
+            loaded = []
+            room = KEPT_FLUSHED_BYTES
+            wal, pk = self.ctx.schema.wal, self.ctx.schema.primary_key
+            for sstable in sorted(stored, key=lambda s: s.generation, reverse=True):
+                room -= sstable.in_memory_bytes
+                if room < 0:
+                    break
+                try:
+                    loaded.append(generation_memtable(self.ctx.storage, self.region_id, sstable, wal, pk))
+                except MissingGenerationError:
+                    break  # (merged and collected: it and the older ones are the base's to answer)
+            with state.cond:
+                state.keep_loaded(loaded)
+        with state.cond:
+            return [state.active, *reversed(state.sealed), *reversed(state.flushed)]
 
     def write_routed(self, rows: pa.Table, deleted: bool) -> None:
         """Write rows that the table writer already validated and routed to this region.

@@ -18,6 +18,7 @@ answers are combined in input order.
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections.abc import Mapping
@@ -127,10 +128,10 @@ class TableWriter:
             writers, unavailable = self._open([values for values, _ in groups])
             routed = [(w, pos) for w, (_, pos) in zip(writers, groups, strict=True) if w is not None]
             base = self._base_rows(rows, cond) if len(routed) > 1 else None
-            calls = [
-                (w.apply_merged, (rows.take(pa.array(pos)), cond.take(pos), True, base)) for w, pos in routed
+            starts = [
+                (w.start_merged, (rows.take(pa.array(pos)), cond.take(pos), True, base)) for w, pos in routed
             ]
-            results = self._run(calls)  # lookups read storage: regions in parallel in both modes
+            results = self._run_writes(_started(starts))  # regions read and accepted in turn, then stored
             parts += [(offset + pos, applied) for (_, pos), applied in zip(routed, results, strict=True)]
             if unavailable:
                 raise _refused(unavailable, False)
@@ -169,21 +170,22 @@ class TableWriter:
             raise WriterClosedError("the table writer is closed: open a new one with table.writer()")
 
     def _write_parts(self, parts: list[tuple[tuple[Any, ...], pa.Table]], deleted: bool) -> None:
-        """Hand each region its rows. Durable regions write (and fsync) concurrently; non-durable
-        writes only buffer, which is faster in this thread than handed to others."""
+        """Hand each region its rows (`_run_writes`)."""
         writers, unavailable = self._open([values for values, _ in parts])
         calls = [
             (w.write_routed, (rows, deleted))
             for w, (_, rows) in zip(writers, parts, strict=True)
             if w is not None
         ]
-        if self.config.durable_write:
-            self._run(calls)
-        else:
-            for fn, args in calls:
-                fn(*args)
+        self._run_writes(calls)
         if unavailable:
             raise _refused(unavailable, deleted)
+
+    def _run_writes(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
+        """Run the regions' writes: durable ones concurrently (each waits for its WAL append), others
+        one after the other in this thread (they wait for nothing, and threads would only contend
+        for the interpreter)."""
+        return self._run(calls, concurrently=self.config.durable_write)
 
     def _open(self, values: list[tuple[Any, ...]]) -> tuple[list[RegionWriter | None], list[MemWalError]]:
         """The writer of each region (None where the region's manifest or WAL entry cannot be
@@ -198,23 +200,24 @@ class TableWriter:
                 errors.append(e)
         return writers, errors
 
-    def _run(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
-        """Run the calls (one per region) concurrently, the first in this thread; raise the first
-        error after all finished, else return their results in call order."""
+    def _run(self, calls: list[tuple[Any, tuple[Any, ...]]], concurrently: bool = True) -> list[Any]:
+        """Run the calls (one per region) concurrently, the first in this thread (else all in this
+        thread, in order); raise the first error after all finished, else return their results in
+        call order."""
         if not calls:
             return []
-        futures = [self._region_pool().submit(fn, *args) for fn, args in calls[1:]]
+        futures = [self._region_pool().submit(fn, *args) for fn, args in calls[1:]] if concurrently else []
         errors: list[BaseException] = []
-        fn, args = calls[0]
-        first = None
-        try:
-            first = fn(*args)
-        except Exception as e:  # reported once the other regions' calls are done too
-            errors.append(e)
+        results = []
+        for fn, args in calls if not concurrently else calls[:1]:
+            try:
+                results.append(fn(*args))
+            except Exception as e:  # reported once the other regions' calls are done too
+                errors.append(e)
         errors += [error for f in futures if (error := f.exception()) is not None]
         if errors:
             raise errors[0]
-        return [first, *(f.result() for f in futures)]
+        return [*results, *(f.result() for f in futures)]
 
     def close(self) -> None:
         """Flush and close every region writer; raises the first error after closing all of them.
@@ -309,6 +312,23 @@ def group_by_region(
         out.append((values, grouped.slice(start, len(positions))))
         start += len(positions)
     return out
+
+
+def _started(starts: list[tuple[Any, tuple[Any, ...]]]) -> list[tuple[Any, tuple[()]]]:
+    """Run the `start_*` calls in this thread, in order, and return the calls that finish them (one
+    that raises the start's error where a start failed), to be run concurrently: every started
+    write is finished, whatever the others did."""
+    finishes: list[tuple[Any, tuple[()]]] = []
+    for fn, args in starts:
+        try:
+            finishes.append((fn(*args), ()))
+        except Exception as e:  # raised when the finishing calls run, after every started one finished
+            finishes.append((functools.partial(_raise, e), ()))
+    return finishes
+
+
+def _raise(error: BaseException) -> None:
+    raise error
 
 
 def group_positions(

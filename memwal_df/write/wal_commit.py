@@ -63,6 +63,15 @@ class WalCommitter:
         or None, and a result) once every earlier accepted write is in the active MemTable, then
         write its batch, with no other write accepted in between. `incoming`: the bytes expected, for
         backpressure. Returns `build`'s result once the batch is written (durable mode: stored)."""
+        return self.start_exclusive(build, incoming)()
+
+    def start_exclusive(
+        self, build: Callable[[], tuple[pa.RecordBatch | None, T]], incoming: int
+    ) -> Callable[[], T]:
+        """`write_exclusive` up to the point where its batch is accepted; the call it returns finishes
+        it (durable mode: stores the WAL entry, and returns once it is stored). Until then the
+        region accepts no other write, so the caller must make that call, even after an error of
+        its own."""
         state = self._state
         with state.cond:
             state.check_usable()
@@ -74,13 +83,17 @@ class WalCommitter:
                 state.check_usable()
             batch, result = build()
             if batch is None or batch.num_rows == 0:
-                return result
+                return lambda: result
             if not self._config.durable_write:
                 self._buffer(batch, room_checked=True)
-                return result
+                return lambda: result
             group, generation = self._join(batch, room_checked=True)  # leads: nothing is in flight
-        self._complete(group, generation)
-        return result
+
+        def finish() -> T:
+            self._complete(group, generation)
+            return result
+
+        return finish
 
     def _buffer(self, batch: pa.RecordBatch, room_checked: bool = False) -> None:
         """Non-durable mode: take the batch into the WAL buffer and the MemTable (caller holds the lock)."""

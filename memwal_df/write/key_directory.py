@@ -1,0 +1,125 @@
+"""The key directory of a region writer: where, among the MemTables it holds, the newest row of each
+key is, for the current rows of partial and conditional writes (`memwal_df.write.partial`).
+
+It maps each key (`pk_index_key`-encoded) to the generation and row position of its newest row in the
+MemTables the writer holds (active, sealed, and the flushed ones it keeps), so one hash probe per
+asked key answers for all of them, instead of one search per MemTable. It catches up with the rows
+written since the last lookup when asked (a writer that makes no partial or conditional write never
+builds one), and forgets a MemTable once the writer no longer holds it.
+
+Guarantees: `level(memtables)` answers each asked key from the newest of `memtables` holding it, with
+that MemTable's newest row of the key (tombstones included), exactly as searching the MemTables
+newest first would. A directory is not thread-safe: its region writer asks it inside the exclusive
+section of a write. It holds about 100 bytes per key besides the MemTables' rows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from itertools import compress, repeat
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from memwal_df.format.pk_index import pk_index_key
+from memwal_df.write.memtable import MemTable
+
+__all__ = ["KeyDirectory"]
+
+_POSITION_BITS = 32
+_POSITION_MASK = (1 << _POSITION_BITS) - 1
+_SAME_WIDTH_INT = {16: pa.int16(), 32: pa.int32(), 64: pa.int64()}
+
+
+def hashable_keys(keys: pa.Array) -> list[Any]:
+    """`keys` (`pk_index_key`-encoded, no nulls) as Python values that are equal exactly when the
+    keys are: integers as themselves, other fixed-width values by their bits (so that 0.0 and -0.0,
+    or two NaNs, compare as Arrow compares them), strings and binaries as `str`/`bytes`."""
+    t = keys.type
+    if pa.types.is_integer(t):
+        return keys.to_numpy(zero_copy_only=False).tolist()
+    if pa.types.is_floating(t) or pa.types.is_temporal(t):
+        as_int = _SAME_WIDTH_INT.get(t.bit_width)
+        if as_int is not None:
+            return keys.view(as_int).to_numpy().tolist()
+    return keys.to_pylist()
+
+
+class KeyDirectory:
+    """Key -> (generation, row position) of its newest row among the MemTables a region writer holds."""
+
+    def __init__(self) -> None:
+        self._where: dict[Any, int] = {}  # key -> generation << 32 | row position in its MemTable
+        # generation -> (its MemTable, batches and rows of it the directory covers)
+        self._covered: dict[int, tuple[MemTable, int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def level(self, memtables: Sequence[MemTable]) -> _HeldLevel:
+        """The `KeyedLevel` (`memwal_df.write.newest_rows`) of `memtables` (newest first: every MemTable
+        the writer holds), with the directory brought up to date with them."""
+        held = {m.generation: m for m in memtables}
+        for generation in [g for g in self._covered if g not in held]:
+            self._forget(generation)
+        newest_covered = max(self._covered, default=-1)
+        if any(m.generation < newest_covered and m.generation not in self._covered for m in memtables):
+            self._where.clear()  # an older MemTable seen for the first time: cover all again, in order
+            self._covered.clear()
+        for memtable in sorted(memtables, key=lambda m: m.generation):  # oldest first: newer rows win
+            self._cover(memtable)
+        return _HeldLevel(self._where, held)
+
+    def _cover(self, memtable: MemTable) -> None:
+        """Add the rows `memtable` got since it was last covered."""
+        known, batches, rows = self._covered.get(memtable.generation, (memtable, 0, 0))
+        if known is not memtable:  # another MemTable of the same generation: start over with it
+            self._forget(memtable.generation)
+            batches, rows = 0, 0
+        if batches < len(memtable.batches):
+            new = memtable.batches[batches:]
+            keys = hashable_keys(_keys(memtable, pa.Table.from_batches(new)))
+            start = memtable.generation << _POSITION_BITS | rows
+            self._where.update(zip(keys, range(start, start + len(keys)), strict=True))
+            rows += len(keys)
+        self._covered[memtable.generation] = (memtable, len(memtable.batches), rows)
+
+    def _forget(self, generation: int) -> None:
+        """Drop the keys whose newest held row is in `generation`'s MemTable (no longer held)."""
+        memtable, batches, _ = self._covered.pop(generation)
+        if not batches:
+            return
+        keys = hashable_keys(_keys(memtable, pa.Table.from_batches(memtable.batches[:batches])))
+        at = np.fromiter(map(self._where.get, keys, repeat(-1)), np.int64, len(keys))
+        mine = (at >= 0) & ((at >> _POSITION_BITS) == generation)
+        deque(map(self._where.pop, compress(keys, mine.tolist()), repeat(None)), maxlen=0)
+
+
+class _HeldLevel:
+    """The MemTables a writer holds, as one level: the newest row of each asked key among them."""
+
+    def __init__(self, where: dict[Any, int], held: dict[int, MemTable]) -> None:
+        self._where = where
+        self._held = held
+
+    def find(
+        self, keys: pa.Table | None, asked: pa.Array, columns: Sequence[str]
+    ) -> tuple[pa.Table, np.ndarray]:
+        """(the newest held rows of the asked keys: `columns` and `_tombstone`, one per key; whether
+        each asked key is held). `keys` is not needed."""
+        at = np.fromiter(map(self._where.get, hashable_keys(asked), repeat(-1)), np.int64, len(asked))
+        generations = at >> _POSITION_BITS
+        hit = at >= 0
+        parts = []
+        for generation in np.unique(generations[hit]).tolist():
+            positions = np.unique(at[generations == generation] & _POSITION_MASK)
+            parts.append(self._held[generation].take_rows(positions, columns))
+        if not parts:
+            return pa.table({}), hit
+        return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), hit
+
+
+def _keys(memtable: MemTable, rows: pa.Table) -> pa.Array:
+    return pk_index_key([rows.column(c).combine_chunks() for c in memtable.primary_key])
