@@ -321,3 +321,43 @@ def test_key_directory_over_a_changing_stack_of_memtables_against_model(kind_nam
         assert len(directory) <= sum(mt.num_keys for mt in held)  # dropped MemTables' keys are forgotten
 
     run()
+
+
+def test_key_directory_when_an_older_memtable_takes_a_dropped_ones_generation() -> None:
+    """A MemTable read back under the generation of one dropped before, older than the active one:
+    the active MemTable's newer row still answers."""
+    k = INT
+    active = MemTable(100, k.wal, k.pk)
+    active.append(k.batch([k.row(0, 0, False)]))
+    dropped = MemTable(99, k.wal, k.pk)
+    directory = KeyDirectory()
+    directory.level([active, dropped])
+    again = MemTable(99, k.wal, k.pk)
+    again.append(k.batch([k.row(0, 1, False)]))
+    again.seal()
+    rows, hit = directory.level([active, again]).find(None, pk_index_key([pa.array([0])]), ["id", "v"])
+    assert hit.tolist() == [True] and rows.to_pylist() == [k.row(0, 0, False)]
+
+
+@pytest.mark.parametrize(
+    "key_type", [pa.float64(), pa.float32(), pa.timestamp("us"), pa.date32(), pa.large_string()]
+)
+def test_key_directory_compares_keys_as_arrow_hashing_does(key_type: pa.DataType) -> None:
+    """Keys the directory finds equal are the keys the MemTable's newest rows count as one (Arrow's
+    hashing): for floats 0.0 and -0.0 are two keys, as are NaNs of other bits."""
+    if pa.types.is_floating(key_type):
+        keys = [0.0, -0.0, float("nan"), 1.5, -float("nan"), 0.0, float("nan")]
+    elif pa.types.is_large_string(key_type):
+        keys = ["a", "", "a\x00", "", "b", "a"]
+    else:
+        ints = pa.array([1, 2, 3, 2, 4, 1], pa.int32() if key_type.bit_width == 32 else pa.int64())
+        keys = ints.view(key_type).to_pylist()
+    schema = pa.schema([pa.field("id", key_type, nullable=False), pa.field("v", pa.int64())])
+    wal = wal_schema(schema, {"id": 0, "v": 1})
+    mt = MemTable(1, wal, ["id"])
+    for i, k in enumerate(keys):  # one write per row: the directory covers several batches
+        mt.append(pa.RecordBatch.from_pylist([{"id": k, "v": i, TOMBSTONE: False}], schema=wal))
+    newest = mt.newest()
+    rows, hit = KeyDirectory().level([mt]).find(None, newest.column("id").combine_chunks(), ["id", "v"])
+    assert hit.all()
+    assert sorted(rows.column("v").to_pylist()) == sorted(newest.column("v").to_pylist())

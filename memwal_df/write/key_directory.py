@@ -34,16 +34,15 @@ _SAME_WIDTH_INT = {16: pa.int16(), 32: pa.int32(), 64: pa.int64()}
 
 
 def hashable_keys(keys: pa.Array) -> list[Any]:
-    """`keys` (`pk_index_key`-encoded, no nulls) as Python values that are equal exactly when the
-    keys are: integers as themselves, other fixed-width values by their bits (so that 0.0 and -0.0,
-    or two NaNs, compare as Arrow compares them), strings and binaries as `str`/`bytes`."""
+    """`keys` (`pk_index_key`-encoded, no nulls) as Python values that are equal exactly when Arrow's
+    hashing finds the keys equal: integers as themselves, floats and other fixed-width values by
+    their bits (0.0 and -0.0 are two keys, as are NaNs of other bits), strings and binaries as
+    `str`/`bytes`."""
     t = keys.type
     if pa.types.is_integer(t):
         return keys.to_numpy(zero_copy_only=False).tolist()
-    if pa.types.is_floating(t) or pa.types.is_temporal(t):
-        as_int = _SAME_WIDTH_INT.get(t.bit_width)
-        if as_int is not None:
-            return keys.view(as_int).to_numpy().tolist()
+    if (pa.types.is_floating(t) or pa.types.is_temporal(t)) and t.bit_width in _SAME_WIDTH_INT:
+        return keys.view(_SAME_WIDTH_INT[t.bit_width]).to_numpy().tolist()
     return keys.to_pylist()
 
 
@@ -62,8 +61,9 @@ class KeyDirectory:
         """The `KeyedLevel` (`memwal_df.write.newest_rows`) of `memtables` (newest first: every MemTable
         the writer holds), with the directory brought up to date with them."""
         held = {m.generation: m for m in memtables}
-        for generation in [g for g in self._covered if g not in held]:
-            self._forget(generation)
+        for generation, (memtable, _, _) in list(self._covered.items()):
+            if held.get(generation) is not memtable:  # not held (or another MemTable of that generation)
+                self._forget(generation)
         newest_covered = max(self._covered, default=-1)
         if any(m.generation < newest_covered and m.generation not in self._covered for m in memtables):
             self._where.clear()  # an older MemTable seen for the first time: cover all again, in order
@@ -74,10 +74,7 @@ class KeyDirectory:
 
     def _cover(self, memtable: MemTable) -> None:
         """Add the rows `memtable` got since it was last covered."""
-        known, batches, rows = self._covered.get(memtable.generation, (memtable, 0, 0))
-        if known is not memtable:  # another MemTable of the same generation: start over with it
-            self._forget(memtable.generation)
-            batches, rows = 0, 0
+        _, batches, rows = self._covered.get(memtable.generation, (memtable, 0, 0))
         if batches < len(memtable.batches):
             new = memtable.batches[batches:]
             keys = hashable_keys(_keys(memtable, pa.Table.from_batches(new)))
