@@ -10,7 +10,7 @@ builds one), and forgets a MemTable once the writer no longer holds it.
 Guarantees: `level(memtables)` answers each asked key from the newest of `memtables` holding it, with
 that MemTable's newest row of the key (tombstones included), exactly as searching the MemTables
 newest first would. A directory is not thread-safe: its region writer asks it inside the exclusive
-section of a write. It holds about 100 bytes per key besides the MemTables' rows.
+section of a write. It holds about `KEY_BYTES` per key besides the MemTables' rows.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ import pyarrow as pa
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.write.memtable import MemTable
 
-__all__ = ["KeyDirectory"]
+__all__ = ["KEY_BYTES", "KeyDirectory"]
+
+KEY_BYTES = 120
+"""About what one key's entry in a directory costs (a dict slot, a key and a position object)."""
 
 _POSITION_BITS = 32
 _POSITION_MASK = (1 << _POSITION_BITS) - 1

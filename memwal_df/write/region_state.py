@@ -26,11 +26,12 @@ from memwal_df.errors import MemWalError, WriterClosedError, WriterFencedError
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.schema import TableSchema
-from memwal_df.write.key_directory import KeyDirectory
+from memwal_df.write.key_directory import KEY_BYTES, KeyDirectory
 from memwal_df.write.memtable import MemTable
 
 KEPT_FLUSHED_BYTES = 64 * 1024 * 1024
-"""The bytes of rows a region writer keeps of the generations it flushed, for its own lookups."""
+"""The bytes a region writer keeps of generations in memory for its own lookups: their rows, the
+one-chunk copies of their newest rows and their keys' entries in the key directory."""
 
 
 class RegionState:
@@ -114,17 +115,17 @@ class RegionState:
         if not self.keep_flushed:
             return
         self.flushed.append(memtable)  # (sealed: its rows no longer change)
-        kept = sum(m.held_bytes for m in self.flushed)
+        kept = sum(map(_kept_bytes, self.flushed))
         while kept > KEPT_FLUSHED_BYTES:
-            kept -= self.flushed.popleft().held_bytes
+            kept -= _kept_bytes(self.flushed.popleft())
 
     def keep_loaded(self, memtables: Sequence[MemTable]) -> None:
         """Keep `memtables` (generations read back from storage, newest first, each older than every
         MemTable held) in `flushed`, as many as `KEPT_FLUSHED_BYTES` leaves room for (caller holds
         the lock)."""
-        kept = sum(m.held_bytes for m in self.flushed)
+        kept = sum(map(_kept_bytes, self.flushed))
         for memtable in memtables:
-            kept += memtable.held_bytes
+            kept += _kept_bytes(memtable)
             if kept > KEPT_FLUSHED_BYTES:
                 return
             self.flushed.appendleft(memtable)
@@ -150,3 +151,9 @@ class RegionState:
                 self.error = err
             self.cond.notify_all()
             return err
+
+
+def _kept_bytes(memtable: MemTable) -> int:
+    """What keeping a flushed MemTable costs: its rows, its one-chunk newest rows once made, and its
+    keys' entries in the key directory."""
+    return memtable.held_bytes + KEY_BYTES * memtable.num_keys
