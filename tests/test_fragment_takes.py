@@ -112,3 +112,48 @@ def test_a_take_of_rows_that_are_gone_raises_with_either_reader(tmp_path: Path) 
     assert got.to_pylist() == [other_rows[5]]
     if sys.platform == "linux" and os.environ.get("MEMWAL_DF_URING", "1") != "0":
         assert holds_io_uring()  # still read through io_uring
+
+
+FORKING = """
+import json, sys, multiprocessing as mp
+import lance, numpy as np
+from memwal_df.read.fragments import fragment_take
+
+first, second = lance.dataset(sys.argv[1]), lance.dataset(sys.argv[2])
+parent = fragment_take(first, 0, np.array([1, 2]), ["id"]).to_pylist()
+
+def child(queue):
+    queue.put([fragment_take(first, 0, np.array([3]), ["id"]).to_pylist(),
+               fragment_take(second, 0, np.array([4]), ["id"]).to_pylist()])
+
+context = mp.get_context("fork")
+queue = context.Queue()
+process = context.Process(target=child, args=(queue,))
+process.start()
+process.join(60)
+alive = process.is_alive()
+if alive:
+    process.kill()
+got = queue.get(timeout=5) if process.exitcode == 0 else None
+print(json.dumps({"parent": parent, "child": got, "exitcode": process.exitcode, "hung": alive}))
+"""
+
+
+def test_a_forked_child_takes_rows_after_its_parent_did(tmp_path: Path) -> None:
+    """A child forked after its parent read through io_uring (Lance's io_uring threads stay in the
+    parent) takes rows too, from datasets it inherited and from new ones."""
+    first, rows = make_dataset(tmp_path / "a")
+    second, _ = make_dataset(tmp_path / "b")
+    env = {**os.environ, "PYTHONPATH": SOURCE_ROOT}
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", FORKING, first, second],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["parent"] == [{"id": 1}, {"id": 2}]
+    assert not got["hung"] and got["exitcode"] == 0, out.stderr[-2000:]
+    assert got["child"] == [[{"id": rows[3]["id"]}], [{"id": 4}]]

@@ -46,6 +46,8 @@ def fragment_take(
     key = (fragment_id, tuple(columns))
     indices = pa.array(offsets, pa.uint64())
     session = sessions.get(key)
+    if session is not None and session.uring and not _uring.enabled:  # a forked child: see `_Uring`
+        session = None
     if session is None:
         if len(sessions) >= _MAX_SESSIONS:
             sessions.clear()
@@ -81,7 +83,10 @@ class _Session:
 
 
 class _Uring:
-    """Whether this process reads local datasets through Lance's io_uring reader."""
+    """Whether this process reads local datasets through Lance's io_uring reader. Not in a child
+    forked from this process: Lance's io_uring threads stay behind in the parent (a take through them
+    crashes the child), so a forked child reads through the default reader, also from the sessions
+    and datasets it inherited."""
 
     def __init__(self) -> None:
         self.enabled = sys.platform == "linux" and os.environ.get("MEMWAL_DF_URING", "1") != "0"
@@ -91,6 +96,8 @@ class _Uring:
 
 
 _uring = _Uring()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_uring.disable)
 _twins: PerObjectCache[lance.LanceDataset, list[lance.LanceDataset | None]] = PerObjectCache()
 
 
