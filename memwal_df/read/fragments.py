@@ -53,11 +53,11 @@ def fragment_take(
             sessions.clear()
         twin = _uring_twin(ds)
         session = sessions[key] = _Session(twin or ds, fragment_id, columns, uring=twin is not None)
-    if not session.uring:
-        return session.take(indices)
     try:
         return session.take(indices)
     except (OSError, ValueError):
+        if not session.uring:
+            raise
         plain = _Session(ds, fragment_id, columns, uring=False)
         taken = plain.take(indices)  # (raises if the default reader cannot read it either)
         _uring.disable()  # the io_uring reader failed where the default one reads

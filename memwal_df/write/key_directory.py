@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memwal_df.format.pk_index import pk_index_key
 from memwal_df.write.memtable import MemTable
+from memwal_df.write.partial import encoded_keys
 
 __all__ = ["KEY_BYTES", "KeyDirectory"]
 
@@ -36,7 +36,7 @@ _POSITION_MASK = (1 << _POSITION_BITS) - 1
 _SAME_WIDTH_INT = {16: pa.int16(), 32: pa.int32(), 64: pa.int64()}
 
 
-def hashable_keys(keys: pa.Array) -> list[Any]:
+def _hashable_keys(keys: pa.Array) -> list[Any]:
     """`keys` (`pk_index_key`-encoded, no nulls) as Python values that are equal exactly when Arrow's
     hashing finds the keys equal: integers as themselves, floats and other fixed-width values by
     their bits (0.0 and -0.0 are two keys, as are NaNs of other bits), strings and binaries as
@@ -79,8 +79,7 @@ class KeyDirectory:
         """Add the rows `memtable` got since it was last covered."""
         _, batches, rows = self._covered.get(memtable.generation, (memtable, 0, 0))
         if batches < len(memtable.batches):
-            new = memtable.batches[batches:]
-            keys = hashable_keys(_keys(memtable, pa.Table.from_batches(new)))
+            keys = _keys_of(memtable, memtable.batches[batches:])
             start = memtable.generation << _POSITION_BITS | rows
             self._where.update(zip(keys, range(start, start + len(keys)), strict=True))
             rows += len(keys)
@@ -91,7 +90,7 @@ class KeyDirectory:
         memtable, batches, _ = self._covered.pop(generation)
         if not batches:
             return
-        keys = hashable_keys(_keys(memtable, pa.Table.from_batches(memtable.batches[:batches])))
+        keys = _keys_of(memtable, memtable.batches[:batches])
         at = np.fromiter(map(self._where.get, keys, repeat(-1)), np.int64, len(keys))
         mine = (at >= 0) & ((at >> _POSITION_BITS) == generation)
         deque(map(self._where.pop, compress(keys, mine.tolist()), repeat(None)), maxlen=0)
@@ -109,7 +108,7 @@ class _HeldLevel:
     ) -> tuple[pa.Table, np.ndarray]:
         """(the newest held rows of the asked keys: `columns` and `_tombstone`, one per key; whether
         each asked key is held). `keys` is not needed."""
-        at = np.fromiter(map(self._where.get, hashable_keys(asked), repeat(-1)), np.int64, len(asked))
+        at = np.fromiter(map(self._where.get, _hashable_keys(asked), repeat(-1)), np.int64, len(asked))
         generations = at >> _POSITION_BITS
         hit = at >= 0
         parts = []
@@ -121,5 +120,8 @@ class _HeldLevel:
         return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), hit
 
 
-def _keys(memtable: MemTable, rows: pa.Table) -> pa.Array:
-    return pk_index_key([rows.column(c).combine_chunks() for c in memtable.primary_key])
+def _keys_of(memtable: MemTable, batches: Sequence[pa.RecordBatch]) -> list[Any]:
+    """The keys of `batches` (some of `memtable`'s), one per row, as the directory holds them."""
+    return _hashable_keys(
+        encoded_keys(pa.Table.from_batches(batches, schema=memtable.schema), memtable.primary_key)
+    )
