@@ -172,9 +172,9 @@ def test_tombstone_is_the_newest_row() -> None:
         k.row(2, 22, False),  # re-inserted after its delete
     ]
     level = KeyDirectory().level([mt])
-    looked, hit = level.find(None, pk_index_key([pa.array([2, 1, 99, 2])]), ["id", "v"])
+    looked, at = level.find(None, pk_index_key([pa.array([2, 1, 99, 2])]), ["id", "v"])
     assert looked.to_pylist() == [k.row(1, None, True), k.row(2, 22, False)]
-    assert hit.tolist() == [True, True, False, True]
+    assert at.tolist() == [1, 0, -1, 1]
     assert mt.num_keys == 3 and mt.num_rows == 8
 
 
@@ -185,10 +185,10 @@ def test_empty_memtable() -> None:
     assert mt.newest().num_rows == 0 and mt.newest().schema == INT.wal
     assert mt.to_table().num_rows == 0
     for asked in ([1], []):
-        looked, hit = (
+        looked, at = (
             KeyDirectory().level([mt]).find(None, pk_index_key([pa.array(asked, pa.int64())]), ["v"])
         )
-        assert looked.num_rows == 0 and hit.tolist() == [False] * len(asked)
+        assert looked.num_rows == 0 and at.tolist() == [-1] * len(asked)
     mt.append(INT.batch([]))
     assert mt.batches == [] and mt.bloom == BloomFilter.empty()
 
@@ -306,17 +306,21 @@ def test_key_directory_over_a_changing_stack_of_memtables_against_model(kind_nam
                         model[kind.key_of(r)] = r
                 asked = pk_index_key(kind.key_columns(arg))
                 level = directory.level(list(reversed(held)))
-                rows, hit = level.find(None, asked, names)
-                assert hit.tolist() == [q in model for q in arg]
+                rows, at = level.find(None, asked, names)
+                assert (at >= 0).tolist() == [q in model for q in arg]
                 got = {kind.key_of(r): r for r in rows.to_pylist()}
                 assert len(got) == rows.num_rows  # one row per key
                 assert got == {q: model[q] for q in arg if q in model}
-                live, resolved = newest_rows([directory.level(list(reversed(held)))], asked, schema)
-                assert resolved.tolist() == hit.tolist()
-                want = {
-                    q: {c: model[q][c] for c in names} for q in arg if q in model and not model[q][TOMBSTONE]
-                }
-                assert {kind.key_of(r): r for r in live.to_pylist()} == want
+                listed = rows.to_pylist()
+                assert [listed[i] for i in at if i >= 0] == [model[q] for q in arg if q in model]
+                found = newest_rows([directory.level(list(reversed(held)))], asked, schema)
+                assert found.resolved.tolist() == (at >= 0).tolist()
+                live = found.rows.to_pylist()
+                want = [
+                    {c: model[q][c] for c in names} if q in model and not model[q][TOMBSTONE] else None
+                    for q in arg
+                ]
+                assert [live[i] if i >= 0 else None for i in found.at] == want
         directory.level(list(reversed(held)))
         assert len(directory) <= sum(mt.num_keys for mt in held)  # dropped MemTables' keys are forgotten
 
@@ -335,8 +339,8 @@ def test_key_directory_when_an_older_memtable_takes_a_dropped_ones_generation() 
     again = MemTable(99, k.wal, k.pk)
     again.append(k.batch([k.row(0, 1, False)]))
     again.seal()
-    rows, hit = directory.level([active, again]).find(None, pk_index_key([pa.array([0])]), ["id", "v"])
-    assert hit.tolist() == [True] and rows.to_pylist() == [k.row(0, 0, False)]
+    rows, at = directory.level([active, again]).find(None, pk_index_key([pa.array([0])]), ["id", "v"])
+    assert at.tolist() == [0] and rows.to_pylist() == [k.row(0, 0, False)]
 
 
 @pytest.mark.parametrize(
@@ -358,6 +362,6 @@ def test_key_directory_compares_keys_as_arrow_hashing_does(key_type: pa.DataType
     for i, k in enumerate(keys):  # one write per row: the directory covers several batches
         mt.append(pa.RecordBatch.from_pylist([{"id": k, "v": i, TOMBSTONE: False}], schema=wal))
     newest = mt.newest()
-    rows, hit = KeyDirectory().level([mt]).find(None, newest.column("id").combine_chunks(), ["id", "v"])
-    assert hit.all()
-    assert sorted(rows.column("v").to_pylist()) == sorted(newest.column("v").to_pylist())
+    rows, at = KeyDirectory().level([mt]).find(None, newest.column("id").combine_chunks(), ["id", "v"])
+    assert (at >= 0).all()
+    assert rows.take(pa.array(at)).column("v").to_pylist() == newest.column("v").to_pylist()

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -205,6 +206,53 @@ def test_compare_and_set_is_exact_under_concurrent_writers(tmp_path: Any, durabl
             th.join()
         assert sum(wins) == steps
         assert sql_rows(table, w, "where id = 1")[1]["ver"] == steps
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_writes_over_several_regions_race_without_deadlock(tmp_path: Any, durable: bool) -> None:
+    """Threads race compare-and-set steps on keys of both regions in one put each (a put holds every
+    region's read-modify-write section at once), while others put whole rows and flush: nothing
+    waits forever, and each key's step v -> v + 1 is applied by exactly one thread."""
+    table = new_table(tmp_path)
+    assert table.spec is not None
+    buckets = table.spec.evaluate(pa.table({"id": pa.array(range(40), pa.int64())}), table.schema.field_ids)
+    by_region = [[k for k, b in enumerate(buckets[0].to_pylist()) if b == r][:3] for r in (0, 1)]
+    keys = [k for ks in zip(*by_region, strict=True) for k in ks]  # regions interleaved in the input
+    steps, racers = 20, 3
+    wins = {k: 0 for k in keys}
+    lock = threading.Lock()
+    w = table.writer(durable=durable)
+    w.put({"id": keys, "ver": [0] * len(keys)}, partial=True)
+
+    def race(t: int) -> None:
+        mine = keys if t % 2 else keys[::-1]  # (the regions come in another order)
+        for v in range(steps):
+            got = w.put({"id": mine, "ver": [v + 1] * len(keys)}, partial=True, if_match={"ver": v})
+            assert got is not None
+            with lock:
+                for k in got.keys.column("id").to_pylist():
+                    wins[k] += 1
+
+    def churn() -> None:
+        for i in range(steps):
+            w.put(pa.Table.from_pylist([{**BASE[0], "id": 1000 + i}], schema=SCHEMA))
+            if i % 5 == 4:
+                w.flush()
+
+    pool = [threading.Thread(target=race, args=(t,), daemon=True) for t in range(racers)]
+    pool.append(threading.Thread(target=churn, daemon=True))
+    for th in pool:
+        th.start()
+    deadline = time.monotonic() + 120
+    for th in pool:
+        th.join(max(0.0, deadline - time.monotonic()))
+    if any(th.is_alive() for th in pool):
+        pytest.fail("writes over several regions wait for each other forever")
+    w.close()
+    # (each step is taken by one racer exactly once a key reached it: a key behind stays behind)
+    assert wins == {k: steps for k in keys}
+    got = sql_rows(table, where=f"where id in ({', '.join(map(str, keys))})")
+    assert {k: r["ver"] for k, r in got.items()} == {k: steps for k in keys}
 
 
 CHILD = """

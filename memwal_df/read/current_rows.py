@@ -38,7 +38,7 @@ from memwal_df.read.exec.take_last import TakeLastExec, with_live_flag
 from memwal_df.read.keys import distinct_keys
 from memwal_df.read.levels import GenerationLevel
 from memwal_df.read.snapshot import ReadSnapshot, region_writer_snapshot
-from memwal_df.write.newest_rows import KeyedLevel, newest_rows
+from memwal_df.write.newest_rows import Found, KeyedLevel, newest_rows
 from memwal_df.write.partial import BaseRows, encoded_keys
 
 _MAX_ATTEMPTS = 5
@@ -96,19 +96,23 @@ class _Base:
             keys = distinct_keys(keys, self.primary_key)  # (a key index take needs each key once)
             node = TakeLastExec(self.dataset, keys, columns, self.primary_key, self.storage)
             return _held(list(node.execute()), asked, self.primary_key)
-        at = pc.index_in(asked, value_set=encoded_keys(rows, self.primary_key))  # the base holds a key once
-        return with_live_flag(rows.take(at.drop_null())), at.is_valid().to_numpy(zero_copy_only=False)
+        return with_live_flag(rows), _positions(rows, asked, self.primary_key)  # (the base holds a key once)
 
 
 def _held(
     batches: list[pa.RecordBatch], asked: pa.Array, primary_key: Sequence[str]
 ) -> tuple[pa.Table, np.ndarray]:
-    """A `TakeLastExec`'s rows (one per key) and whether each asked key is among them."""
+    """A `TakeLastExec`'s rows (one per key) and the position there of each asked key (-1: none)."""
     if not batches:
-        return pa.table({}), np.zeros(len(asked), dtype=bool)
+        return pa.table({}), np.full(len(asked), -1, np.int64)
     rows = pa.Table.from_batches(batches)
-    hit = pc.is_in(asked, value_set=encoded_keys(rows, primary_key))
-    return rows, hit.to_numpy(zero_copy_only=False)
+    return rows, _positions(rows, asked, primary_key)
+
+
+def _positions(rows: pa.Table, asked: pa.Array, primary_key: Sequence[str]) -> np.ndarray:
+    """The position in `rows` (one per key) of each asked key's row, -1 where `rows` lacks it."""
+    at = pc.index_in(asked, value_set=encoded_keys(rows, primary_key))
+    return at.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def base_rows(table: TableHandle, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
@@ -154,7 +158,7 @@ class WriterLookup:
         keys: pa.Table,
         columns: Sequence[str],
         base: BaseRows | None = None,
-    ) -> pa.Table:
+    ) -> Found:
         """The live rows (`columns` only) of `keys` in the region's stored levels (see
         `memwal_df.write.partial.CurrentRows`)."""
         table = self.table
@@ -174,7 +178,7 @@ class WriterLookup:
                 _Base(snapshot.base, table.storage, pk, _taken(base, snapshot.base.version, columns))
             )
             try:
-                rows, _ = newest_rows(levels, asked, schema, keys)
+                found = newest_rows(levels, asked, schema, keys)
             except (OSError, ValueError):
                 if attempt + 1 == _MAX_ATTEMPTS or table.is_latest(snapshot.base.version):
                     raise
@@ -183,7 +187,7 @@ class WriterLookup:
                 continue
             if _may_lack_merged(region_id, manifest, snapshot) and not table.is_latest(snapshot.base.version):
                 continue
-            return rows
+            return found
         raise MissingGenerationError(  # (a merge and GC on every attempt)
             f"region {region_id}: generations kept disappearing during {_MAX_ATTEMPTS} lookups of "
             "current rows"

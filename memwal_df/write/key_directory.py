@@ -106,18 +106,23 @@ class _HeldLevel:
     def find(
         self, keys: pa.Table | None, asked: pa.Array, columns: Sequence[str]
     ) -> tuple[pa.Table, np.ndarray]:
-        """(the newest held rows of the asked keys: `columns` and `_tombstone`, one per key; whether
-        each asked key is held). `keys` is not needed."""
+        """(the newest held rows of the asked keys: `columns` and `_tombstone`, one per key; the
+        position there of each asked key's row, -1 where no held MemTable has the key). `keys` is
+        not needed."""
         at = np.fromiter(map(self._where.get, _hashable_keys(asked), repeat(-1)), np.int64, len(asked))
         generations = at >> _POSITION_BITS
-        hit = at >= 0
+        where = np.full(len(asked), -1, np.int64)
         parts = []
-        for generation in np.unique(generations[hit]).tolist():
-            positions = np.unique(at[generations == generation] & _POSITION_MASK)
+        offset = 0
+        for generation in np.unique(generations[at >= 0]).tolist():
+            mine = np.flatnonzero(generations == generation)
+            positions, row = np.unique(at[mine] & _POSITION_MASK, return_inverse=True)
             parts.append(self._held[generation].take_rows(positions, columns))
+            where[mine] = row + offset
+            offset += len(positions)
         if not parts:
-            return pa.table({}), hit
-        return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), hit
+            return pa.table({}), where
+        return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), where
 
 
 def _keys_of(memtable: MemTable, batches: Sequence[pa.RecordBatch]) -> list[Any]:

@@ -2,7 +2,7 @@
 row with the current row of its key into the full row that is written.
 
 A region writer has exactly one writer, so it can read the current rows of a put's keys and write the
-merged full rows with no other write of the region in between (`WalCommitter.write_exclusive`). The
+merged full rows with no other write of the region in between (`WalCommitter.exclusive`). The
 current rows come from a `CurrentRows` lookup that the layer building writers injects (the read path's
 batched point lookups over the writer's MemTables, its region's unmerged generations and the base).
 
@@ -42,6 +42,7 @@ from memwal_df.format.schema import (
     conform,
     upsert_rows,
 )
+from memwal_df.write.newest_rows import Found
 
 Mode = Literal["upsert", "insert_if_absent", "if_match"]
 
@@ -62,11 +63,11 @@ class BaseRows:
 
 
 class CurrentRows(Protocol):
-    """The live rows (`columns` only, the key among them) of the keys in `keys` that exist in one
-    region's stored levels: the generations `manifest` lists that are not merged into the base yet,
-    except the `held` ones (generations whose rows the writer holds in memory and looked the keys up
-    in already), then the base table; a deleted or absent key has no row. The writer asks only for
-    the keys none of its MemTables holds."""
+    """The live rows (`columns` only, the key among them) of the keys in `keys` in one region's stored
+    levels: the generations `manifest` lists that are not merged into the base yet, except the `held`
+    ones (generations whose rows the writer holds in memory and looked the keys up in already), then
+    the base table; a deleted or absent key has no row. The writer asks only for the keys none of
+    its MemTables holds."""
 
     def __call__(
         self,
@@ -76,9 +77,10 @@ class CurrentRows(Protocol):
         keys: pa.Table,
         columns: Sequence[str],
         base: BaseRows | None = None,
-    ) -> pa.Table:
-        """The rows; `base` (from `base_rows`, for a superset of `keys` and `columns`) answers for the
-        base table when the lookup reads that base version, else the lookup reads the base itself."""
+    ) -> Found:
+        """The rows (`Found`: one answer per key of `keys`); `base` (from `base_rows`, for a superset of
+        `keys` and `columns`) answers for the base table when the lookup reads that base version, else
+        the lookup reads the base itself."""
         ...
 
     def base_rows(self, keys: pa.Table, columns: Sequence[str]) -> BaseRows:
@@ -220,40 +222,49 @@ def needed_columns(ts: TableSchema, rows: pa.Table, condition: Condition) -> lis
 
 
 def merge(
-    ts: TableSchema, rows: pa.Table, condition: Condition, current: pa.Table, keys: pa.Array | None = None
+    ts: TableSchema, rows: pa.Table, condition: Condition, current: Found, keys: pa.Array | None = None
 ) -> tuple[pa.Table, np.ndarray]:
     """(the full rows to write, in input order; which input rows apply) for `rows` (`partial_rows`, or
-    full rows) given `current` (the live rows of their keys, at least the `needed_columns`; `keys`: the
-    rows' `encoded_keys`, when the caller has them). Rows of a
-    key given several times are applied in rounds, one occurrence per round, each round seeing the
-    rows the earlier ones applied; a put without repeated keys is one round of vectorized takes."""
+    full rows) given `current` (the live rows of their keys, one answer per row, at least the
+    `needed_columns`; `keys`: the rows' `encoded_keys`, when the caller has them). Rows of a key given
+    several times are applied in rounds, one occurrence per round, each round seeing the rows the
+    earlier ones applied; a put without repeated keys is one round of vectorized takes."""
     pk = ts.primary_key
     keys = encoded_keys(rows, pk) if keys is None else keys
-    state, state_keys = current, encoded_keys(current, pk)
     applied = np.zeros(rows.num_rows, dtype=bool)
     written: list[pa.Table] = []
     positions: list[np.ndarray] = []
     rounds = _rounds(keys)
+    state: pa.Table | None = None  # from the second round: the live rows, with the earlier rounds' rows
+    state_keys: pa.Array | None = None
     for r, idx in enumerate(rounds):
         at = pa.array(idx)
         chunk, asked = (rows, keys) if len(idx) == rows.num_rows else (rows.take(at), keys.take(at))
-        found = pc.index_in(asked, value_set=state_keys)
-        exists = found.is_valid().to_numpy(zero_copy_only=False)
-        now = state.take(found)
+        if state is None or state_keys is None:  # the first round: the current rows as found
+            sub = current.at if len(idx) == len(current.at) else current.at[idx]
+            now = current.rows.take(pa.array(sub, mask=sub < 0))
+            exists = sub >= 0
+        else:
+            found = pc.index_in(asked, value_set=state_keys)
+            exists = found.is_valid().to_numpy(zero_copy_only=False)
+            now = state.take(found)
         ok = _applies(condition, idx, now, exists)
-        if not ok.any():
-            continue
-        if not ok.all():
-            keep = pa.array(ok)
-            chunk, now = chunk.filter(keep), now.filter(keep)
-        full = _fill(ts, chunk, now, exists[ok])
-        applied[idx[ok]] = True
-        written.append(full)
-        positions.append(idx[ok])
-        if r + 1 < len(rounds):  # the next round sees this one's rows
-            replaced = pc.is_in(state_keys, value_set=encoded_keys(full, pk))
-            state = pa.concat_tables([state.filter(pc.invert(replaced)), full.select(state.column_names)])
-            state_keys = encoded_keys(state, pk)
+        if ok.any():
+            if not ok.all():
+                keep = pa.array(ok)
+                chunk, now = chunk.filter(keep), now.filter(keep)
+            full = _fill(ts, chunk, now, exists[ok])
+            applied[idx[ok]] = True
+            written.append(full)
+            positions.append(idx[ok])
+        if r + 1 < len(rounds):  # the next round sees the rows applied so far
+            if state is None or state_keys is None:
+                state = current.live()
+                state_keys = encoded_keys(state, pk)
+            if ok.any():
+                replaced = pc.is_in(state_keys, value_set=encoded_keys(full, pk))
+                state = pa.concat_tables([state.filter(pc.invert(replaced)), full.select(state.column_names)])
+                state_keys = encoded_keys(state, pk)
     if not written:
         return ts.schema.empty_table(), applied
     out = pa.concat_tables(written)

@@ -53,7 +53,7 @@ from memwal_df.write.flush import FlushPipeline
 from memwal_df.write.generation import generation_memtable
 from memwal_df.write.memtable import MemTable, MemTableSnapshot
 from memwal_df.write.memtable_index import BackgroundIndexer
-from memwal_df.write.newest_rows import newest_rows
+from memwal_df.write.newest_rows import Found, newest_rows
 from memwal_df.write.partial import (
     Applied,
     BaseRows,
@@ -66,7 +66,7 @@ from memwal_df.write.partial import (
     put_condition,
 )
 from memwal_df.write.region_state import KEPT_FLUSHED_BYTES, RegionState
-from memwal_df.write.wal_commit import WalCommitter
+from memwal_df.write.wal_commit import ExclusiveSection, WalCommitter
 from memwal_df.write.writer_config import WriterConfig
 
 log = logging.getLogger(__name__)
@@ -171,59 +171,25 @@ class RegionWriter:
             parts.append((np.arange(offset, offset + rows.num_rows), self.apply_merged(rows, cond)))
         return Applied.combine(ts, parts, table.num_rows)
 
-    def apply_merged(
-        self, rows: pa.Table, condition: Condition, routed: bool = False, base: BaseRows | None = None
-    ) -> Applied:
+    def apply_merged(self, rows: pa.Table, condition: Condition) -> Applied:
         """Write conformed rows (`partial_rows` or `upsert_rows`) merged with the current rows of their
         keys under `condition`, as one read-modify-write: no other write of the region comes between
-        the read and the write, and the read sees every write accepted before it. `routed`: the table
-        writer routed the rows to this region already; `base`: base rows it read for them
-        (`CurrentRows.base_rows`)."""
-        return self.start_merged(rows, condition, routed, base)()
+        the read and the write, and the read sees every write accepted before it."""
+        write = self.merged_write(rows, condition)
+        write.enter()
+        return write.accept()()
 
-    def start_merged(
+    def merged_write(
         self, rows: pa.Table, condition: Condition, routed: bool = False, base: BaseRows | None = None
-    ) -> Callable[[], Applied]:
-        """`apply_merged` up to the point where the merged rows are accepted; the call it returns
-        finishes it (durable mode: waits for the WAL entry) and must be made, even after an error of
-        the caller's own (`WalCommitter.start_exclusive`)."""
-        lookup = self.ctx.current_rows
-        if lookup is None:
+    ) -> MergedWrite:
+        """`apply_merged` in steps (`MergedWrite`). `routed`: the table writer routed the rows to this
+        region already; `base`: base rows it read for them (`CurrentRows.base_rows`)."""
+        if self.ctx.current_rows is None:
             raise InvalidConfigError(
                 "this writer has no row lookup for partial or conditional writes: open it with "
                 "table.writer() or table.region_writer()"
             )
-        ts = self.ctx.schema
-        keys = rows.select(list(ts.primary_key))
-        asked = encoded_keys(rows, ts.primary_key)
-        columns = needed_columns(ts, rows, condition)
-        schema = pa.schema([ts.schema.field(c) for c in columns])
-
-        def build() -> tuple[pa.RecordBatch | None, np.ndarray]:
-            state = self._state
-            held = self._held()
-            current, resolved = newest_rows([state.key_directory.level(held)], asked, schema)
-            if not resolved.all():  # the keys no MemTable holds, in the region's stored levels
-                rest = keys if not resolved.any() else keys.filter(pa.array(~resolved))
-                generations = [lv.generation for lv in held]
-                stored = lookup(self.region_id, state.manifest, generations, rest, columns, base)
-                current = pa.concat_tables([current, stored]) if current.num_rows else stored
-            full, mask = merge(ts, rows, condition, current, asked)
-            if full.num_rows == 0:
-                return None, mask
-            batch = with_tombstone(ts, full, False)
-            if not routed:
-                self._check_region(batch)
-            return batch, mask
-
-        finish = self._wal_commit.start_exclusive(build, rows.nbytes)
-
-        def applied() -> Applied:
-            mask = finish()
-            self._state.stats["puts"] += 1
-            return Applied(mask, keys if mask.all() else keys.filter(pa.array(mask)))
-
-        return applied
+        return MergedWrite(self, rows, condition, routed, base)
 
     def _held(self) -> list[MemTable]:
         """The MemTables the lookups of partial and conditional writes read, newest first: active,
@@ -380,3 +346,84 @@ class RegionWriter:
         self._flush_pipeline.wait_for_writes()
         if self._indexer is not None:
             self._indexer.stop()
+
+
+class MergedWrite:
+    """One read-modify-write of a region writer (`RegionWriter.merged_write`), in two steps, so that a
+    table writer can read every region's MemTables before any region waits for the base rows it reads
+    in the background:
+
+    * `enter`: enter the region's exclusive section (`WalCommitter.exclusive`) and look the keys up in
+      the MemTables the writer holds;
+    * `accept`: look the others up in the region's stored levels, merge, accept the merged rows and
+      leave the section; it returns the call that finishes the write (durable mode: waits for the WAL
+      entry) and gives the `Applied` rows, which must be made, even after an error of the caller's.
+
+    `accept` follows a successful `enter`, in the same thread; `leave` leaves a section entered but not
+    accepted (a no-op otherwise). A step that raises leaves the section."""
+
+    def __init__(
+        self, writer: RegionWriter, rows: pa.Table, condition: Condition, routed: bool, base: BaseRows | None
+    ) -> None:
+        ts = writer.ctx.schema
+        self._writer = writer
+        self._rows = rows
+        self._condition = condition
+        self._routed = routed
+        self._base = base
+        self._asked = encoded_keys(rows, ts.primary_key)
+        self._columns = needed_columns(ts, rows, condition)
+        self._section: ExclusiveSection | None = None
+        self._held: tuple[Found, list[int]] | None = None  # the MemTables' answers, their generations
+
+    def enter(self) -> None:
+        """Enter the exclusive section and read the keys' rows in the MemTables the writer holds."""
+        writer = self._writer
+        section = writer._wal_commit.exclusive(self._rows.nbytes)
+        try:
+            held = writer._held()
+            schema = pa.schema([writer.ctx.schema.schema.field(c) for c in self._columns])
+            found = newest_rows([writer._state.key_directory.level(held)], self._asked, schema)
+        except BaseException:
+            section.leave()
+            raise
+        self._section = section
+        self._held = (found, [m.generation for m in held])
+
+    def accept(self) -> Callable[[], Applied]:
+        """Read the other keys' rows in the stored levels, merge, accept, leave the section."""
+        section, held = self._section, self._held
+        assert section is not None and held is not None, "accept() follows enter()"
+        writer, ts, rows = self._writer, self._writer.ctx.schema, self._rows
+        try:
+            current, generations = held
+            resolved = current.resolved
+            if not resolved.all():  # the keys no MemTable holds, in the region's stored levels
+                keys = rows.select(list(ts.primary_key))
+                rest = keys if not resolved.any() else keys.filter(pa.array(~resolved))
+                lookup = writer.ctx.current_rows
+                assert lookup is not None
+                manifest = writer._state.manifest
+                stored = lookup(writer.region_id, manifest, generations, rest, self._columns, self._base)
+                current = current.then(stored)
+            full, mask = merge(ts, rows, self._condition, current, self._asked)
+            batch = with_tombstone(ts, full, False) if full.num_rows else None
+            if batch is not None and not self._routed:
+                writer._check_region(batch)
+        except BaseException:
+            section.leave()
+            raise
+        finish = section.accept(batch, mask)
+
+        def applied() -> Applied:
+            done = finish()
+            writer._state.stats["puts"] += 1
+            keys = rows.select(list(ts.primary_key))
+            return Applied(done, keys if done.all() else keys.filter(pa.array(done)))
+
+        return applied
+
+    def leave(self) -> None:
+        """Leave the exclusive section if it was entered and not accepted."""
+        if self._section is not None:
+            self._section.leave()

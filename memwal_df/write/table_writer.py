@@ -50,7 +50,7 @@ from memwal_df.write.partial import (
     put_condition,
 )
 from memwal_df.write.region_open import open_routed_writer
-from memwal_df.write.region_writer import RegionWriter
+from memwal_df.write.region_writer import MergedWrite, RegionWriter
 from memwal_df.write.writer_config import WriterConfig
 
 _MAX_PARALLEL_REGIONS = 8
@@ -128,11 +128,12 @@ class TableWriter:
             groups = group_positions(self.spec, ts.field_ids, rows)
             writers, unavailable = self._open([values for values, _ in groups])
             routed = [(w, pos) for w, (_, pos) in zip(writers, groups, strict=True) if w is not None]
+            routed.sort(key=lambda r: r[0].region_id)  # the order every caller enters regions' sections in
             base = self._base_rows(rows, cond) if len(routed) > 1 else None
-            starts = [
-                (w.start_merged, (rows.take(pa.array(pos)), cond.take(pos), True, base)) for w, pos in routed
+            writes = [
+                w.merged_write(rows.take(pa.array(pos)), cond.take(pos), True, base) for w, pos in routed
             ]
-            results = self._run_writes(_started(starts))  # regions read and accepted in turn, then stored
+            results = self._run_writes(_started(writes))  # regions read and accepted here, then stored
             parts += [(offset + pos, applied) for (_, pos), applied in zip(routed, results, strict=True)]
             if unavailable:
                 raise _refused(unavailable, False)
@@ -315,16 +316,32 @@ def group_by_region(
     return out
 
 
-def _started(starts: list[tuple[Any, tuple[Any, ...]]]) -> list[tuple[Any, tuple[()]]]:
-    """Run the `start_*` calls in this thread, in order, and return the calls that finish them (one
-    that raises the start's error where a start failed), to be run concurrently: every started
-    write is finished, whatever the others did."""
+def _started(writes: list[MergedWrite]) -> list[tuple[Any, tuple[()]]]:
+    """Run the writes' steps in this thread: each region in turn enters its exclusive section and reads
+    its MemTables, then each reads its stored levels and accepts its rows (so the base rows read in
+    the background arrive while the MemTables are read). Returns the calls that finish them (one that
+    raises the step's error where a write failed), to be run concurrently: every accepted write is
+    finished, whatever the others did."""
+    failed: list[Exception | None] = []
     finishes: list[tuple[Any, tuple[()]]] = []
-    for fn, args in starts:
-        try:
-            finishes.append((fn(*args), ()))
-        except Exception as e:  # raised when the finishing calls run, after every started one finished
-            finishes.append((functools.partial(_raise, e), ()))
+    try:
+        for write in writes:
+            try:
+                write.enter()
+                failed.append(None)
+            except Exception as e:  # raised when the finishing calls run, after every accepted one finished
+                failed.append(e)
+        for write, error in zip(writes, failed, strict=True):
+            if error is None:
+                try:
+                    finishes.append((write.accept(), ()))
+                except Exception as e:
+                    error = e
+            if error is not None:
+                finishes.append((functools.partial(_raise, error), ()))
+    finally:
+        for write in writes:  # (after an interruption: no section stays entered)
+            write.leave()
     return finishes
 
 

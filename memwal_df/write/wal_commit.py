@@ -11,16 +11,17 @@ in WAL order; a durable write that returned is stored; a WAL entry of a newer Me
 before an older sealed MemTable holding unlogged writes is committed as a generation (a crash loses
 only the newest writes); a WAL position taken by another epoch fences the writer; an entry of ours
 found at the position (an append that raised but landed) is adopted, never written twice; a
-read-modify-write (`write_exclusive`) reads after every earlier accepted write reached the MemTable and
+read-modify-write (`exclusive`) reads after every earlier accepted write reached the MemTable and
 writes before any later one is accepted.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -58,22 +59,14 @@ class WalCommitter:
         with self._state.cond:
             self._buffer(batch)
 
-    def write_exclusive(self, build: Callable[[], tuple[pa.RecordBatch | None, T]], incoming: int) -> T:
-        """A read-modify-write: run `build` (it reads the region's rows and returns the batch to write,
-        or None, and a result) once every earlier accepted write is in the active MemTable, then
-        write its batch, with no other write accepted in between. `incoming`: the bytes expected, for
-        backpressure. Returns `build`'s result once the batch is written (durable mode: stored)."""
-        return self.start_exclusive(build, incoming)()
-
-    def start_exclusive(
-        self, build: Callable[[], tuple[pa.RecordBatch | None, T]], incoming: int
-    ) -> Callable[[], T]:
-        """`write_exclusive` up to the point where its batch is accepted; the call it returns finishes
-        it (durable mode: stores the WAL entry, and returns once it is stored). Until then the
-        region accepts no other write, so the caller must make that call, even after an error of
-        its own."""
+    def exclusive(self, incoming: int) -> ExclusiveSection:
+        """Enter the region's exclusive section for a read-modify-write in steps: it returns once every
+        earlier accepted write is in the active MemTable (and `incoming` bytes fit), and no other write
+        is accepted until `accept` or `leave`, which the caller must make in this thread. A caller
+        holding several regions' sections enters them in one order (region id), as every caller does."""
         state = self._state
-        with state.cond:
+        state.cond.acquire()
+        try:
             state.check_usable()
             while True:
                 self._wait_for_room(incoming)
@@ -81,13 +74,19 @@ class WalCommitter:
                     break
                 state.cond.wait()  # a durable group in flight: its rows are not in the MemTable yet
                 state.check_usable()
-            batch, result = build()
-            if batch is None or batch.num_rows == 0:
-                return lambda: result
-            if not self._config.durable_write:
-                self._buffer(batch, room_checked=True)
-                return lambda: result
-            group, generation = self._join(batch, room_checked=True)  # leads: nothing is in flight
+        except BaseException:
+            state.cond.release()
+            raise
+        return ExclusiveSection(state.cond, self._accept)
+
+    def _accept(self, batch: pa.RecordBatch | None, result: T) -> Callable[[], T]:
+        """Take the batch of a read-modify-write (caller holds the lock, in the exclusive section)."""
+        if batch is None or batch.num_rows == 0:
+            return lambda: result
+        if not self._config.durable_write:
+            self._buffer(batch, room_checked=True)
+            return lambda: result
+        group, generation = self._join(batch, room_checked=True)  # leads: nothing is in flight
 
         def finish() -> T:
             self._complete(group, generation)
@@ -323,3 +322,31 @@ class _Group:
         """Return if the entry was stored; raise the append's error otherwise."""
         if self.error is not None:
             raise self.error
+
+
+class ExclusiveSection:
+    """A region's exclusive section, entered by `WalCommitter.exclusive` (its lock held): the caller
+    reads the region's rows, then `accept`s the batch it built from them, or `leave`s. Either leaves
+    the section, once."""
+
+    def __init__(
+        self, lock: threading.Condition, take: Callable[[pa.RecordBatch | None, Any], Callable[[], Any]]
+    ) -> None:
+        self._lock = lock
+        self._take = take
+        self._open = True
+
+    def accept(self, batch: pa.RecordBatch | None, result: T) -> Callable[[], T]:
+        """Accept `batch` (None or empty: nothing to write) and leave the section; the call returned
+        finishes the write (durable mode: stores the WAL entry) and returns `result`. It must be
+        made, even after an error of the caller's own."""
+        try:
+            return self._take(batch, result)
+        finally:
+            self.leave()
+
+    def leave(self) -> None:
+        """Leave the section without writing (a no-op once left)."""
+        if self._open:
+            self._open = False
+            self._lock.release()
