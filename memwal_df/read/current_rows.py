@@ -96,7 +96,11 @@ class _Base:
             keys = distinct_keys(keys, self.primary_key)  # (a key index take needs each key once)
             node = TakeLastExec(self.dataset, keys, columns, self.primary_key, self.storage)
             return _held(list(node.execute()), asked, self.primary_key)
-        return with_live_flag(rows), _positions(rows, asked, self.primary_key)  # (the base holds a key once)
+        at = _positions(rows, asked, self.primary_key)  # (the base holds a key once)
+        hit = np.flatnonzero(at >= 0)  # (the rows are the whole write's: the asked keys' go on)
+        taken = rows.take(pa.array(at[hit]))
+        at[hit] = np.arange(len(hit))
+        return with_live_flag(taken), at
 
 
 def _held(

@@ -101,8 +101,12 @@ def newest_rows(
 
 
 def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`rows` with exactly `schema`'s columns and types."""
+    """`rows` with exactly `schema`'s columns, types and nullability."""
     if rows.schema == schema:
         return rows
     rows = rows.select(schema.names)
-    return rows if rows.schema == schema else rows.cast(schema)
+    if rows.schema == schema:
+        return rows
+    if rows.schema.types == schema.types:  # (only nullability differs: no cast)
+        return pa.Table.from_arrays(rows.columns, schema=schema)
+    return rows.cast(schema)
