@@ -44,11 +44,6 @@ class Found:
     at: np.ndarray
     resolved: np.ndarray
 
-    @staticmethod
-    def none(schema: pa.Schema, asked: int) -> Found:
-        """No level holds any of `asked` keys."""
-        return Found(schema.empty_table(), np.full(asked, -1, np.int64), np.zeros(asked, dtype=bool))
-
     def live(self) -> pa.Table:
         """The live rows, one per key."""
         return self.rows.take(pa.array(np.unique(self.at[self.at >= 0])))

@@ -235,19 +235,18 @@ def merge(
     written: list[pa.Table] = []
     positions: list[np.ndarray] = []
     rounds = _rounds(keys)
-    state: pa.Table | None = None  # from the second round: the live rows, with the earlier rounds' rows
-    state_keys: pa.Array | None = None
+    state: tuple[pa.Table, pa.Array] | None = None  # from the second round: the live rows and their keys
     for r, idx in enumerate(rounds):
         at = pa.array(idx)
         chunk, asked = (rows, keys) if len(idx) == rows.num_rows else (rows.take(at), keys.take(at))
-        if state is None or state_keys is None:  # the first round: the current rows as found
+        if state is None:  # the first round: the current rows as found
             sub = current.at if len(idx) == len(current.at) else current.at[idx]
             now = current.rows.take(pa.array(sub, mask=sub < 0))
             exists = sub >= 0
         else:
-            found = pc.index_in(asked, value_set=state_keys)
+            found = pc.index_in(asked, value_set=state[1])
             exists = found.is_valid().to_numpy(zero_copy_only=False)
-            now = state.take(found)
+            now = state[0].take(found)
         ok = _applies(condition, idx, now, exists)
         if ok.any():
             if not ok.all():
@@ -258,13 +257,14 @@ def merge(
             written.append(full)
             positions.append(idx[ok])
         if r + 1 < len(rounds):  # the next round sees the rows applied so far
-            if state is None or state_keys is None:
-                state = current.live()
-                state_keys = encoded_keys(state, pk)
+            if state is None:
+                live = current.live()
+                state = (live, encoded_keys(live, pk))
             if ok.any():
-                replaced = pc.is_in(state_keys, value_set=encoded_keys(full, pk))
-                state = pa.concat_tables([state.filter(pc.invert(replaced)), full.select(state.column_names)])
-                state_keys = encoded_keys(state, pk)
+                live, live_keys = state
+                replaced = pc.is_in(live_keys, value_set=encoded_keys(full, pk))
+                live = pa.concat_tables([live.filter(pc.invert(replaced)), full.select(live.column_names)])
+                state = (live, encoded_keys(live, pk))
     if not written:
         return ts.schema.empty_table(), applied
     out = pa.concat_tables(written)

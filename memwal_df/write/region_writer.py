@@ -371,6 +371,7 @@ class MergedWrite:
         self._condition = condition
         self._routed = routed
         self._base = base
+        self._keys = rows.select(list(ts.primary_key))
         self._asked = encoded_keys(rows, ts.primary_key)
         self._columns = needed_columns(ts, rows, condition)
         self._section: ExclusiveSection | None = None
@@ -399,8 +400,7 @@ class MergedWrite:
             current, generations = held
             resolved = current.resolved
             if not resolved.all():  # the keys no MemTable holds, in the region's stored levels
-                keys = rows.select(list(ts.primary_key))
-                rest = keys if not resolved.any() else keys.filter(pa.array(~resolved))
+                rest = self._keys if not resolved.any() else self._keys.filter(pa.array(~resolved))
                 lookup = writer.ctx.current_rows
                 assert lookup is not None
                 manifest = writer._state.manifest
@@ -418,8 +418,7 @@ class MergedWrite:
         def applied() -> Applied:
             done = finish()
             writer._state.stats["puts"] += 1
-            keys = rows.select(list(ts.primary_key))
-            return Applied(done, keys if done.all() else keys.filter(pa.array(done)))
+            return Applied(done, self._keys if done.all() else self._keys.filter(pa.array(done)))
 
         return applied
 
