@@ -413,12 +413,12 @@ class MergedWrite:
         except BaseException:
             section.leave()
             raise
-        finish = section.accept(batch, mask)
+        finish = section.accept(batch)
 
         def applied() -> Applied:
-            done = finish()
+            finish()
             writer._state.stats["puts"] += 1
-            return Applied(done, self._keys if done.all() else self._keys.filter(pa.array(done)))
+            return Applied(mask, self._keys if mask.all() else self._keys.filter(pa.array(mask)))
 
         return applied
 

@@ -12,9 +12,10 @@ regions is applied region by region (regions are independent, there is no cross-
 a region whose manifest or WAL entry cannot be decoded refuses only its own rows; `close()` flushes
 and closes every region writer, reporting the first error, and every later put, delete or flush raises
 `WriterClosedError`. A partial or conditional write (`memwal_df.write.partial`) is routed the same way;
-each region's part is one read-modify-write of its writer (the regions' lookups one after the other
-in the calling thread; durable WAL entries then stored concurrently), and the regions' answers are
-combined in input order. Non-durable writes run in the calling thread, durable ones concurrently.
+each region's part is one read-modify-write of its writer (in the calling thread: every region reads
+its MemTables, then each reads its stored levels and accepts its rows; durable WAL entries then
+stored concurrently), and the regions' answers are combined in input order. Non-durable writes run
+in the calling thread, durable ones concurrently.
 """
 
 from __future__ import annotations

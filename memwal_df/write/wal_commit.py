@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -34,7 +33,6 @@ from memwal_df.write.region_state import RegionState
 from memwal_df.write.writer_config import WriterConfig
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class WalCommitter:
@@ -79,20 +77,16 @@ class WalCommitter:
             raise
         return ExclusiveSection(state.cond, self._accept)
 
-    def _accept(self, batch: pa.RecordBatch | None, result: T) -> Callable[[], T]:
-        """Take the batch of a read-modify-write (caller holds the lock, in the exclusive section)."""
+    def _accept(self, batch: pa.RecordBatch | None) -> Callable[[], None]:
+        """Take the batch of a read-modify-write (caller holds the lock, in the exclusive section);
+        the call that finishes it."""
         if batch is None or batch.num_rows == 0:
-            return lambda: result
+            return _done
         if not self._config.durable_write:
             self._buffer(batch, room_checked=True)
-            return lambda: result
+            return _done
         group, generation = self._join(batch, room_checked=True)  # leads: nothing is in flight
-
-        def finish() -> T:
-            self._complete(group, generation)
-            return result
-
-        return finish
+        return lambda: self._complete(group, generation)
 
     def _buffer(self, batch: pa.RecordBatch, room_checked: bool = False) -> None:
         """Non-durable mode: take the batch into the WAL buffer and the MemTable (caller holds the lock)."""
@@ -324,24 +318,28 @@ class _Group:
             raise self.error
 
 
+def _done() -> None:
+    """Finishes a write with nothing left to do."""
+
+
 class ExclusiveSection:
     """A region's exclusive section, entered by `WalCommitter.exclusive` (its lock held): the caller
     reads the region's rows, then `accept`s the batch it built from them, or `leave`s. Either leaves
     the section, once."""
 
     def __init__(
-        self, lock: threading.Condition, take: Callable[[pa.RecordBatch | None, Any], Callable[[], Any]]
+        self, lock: threading.Condition, take: Callable[[pa.RecordBatch | None], Callable[[], None]]
     ) -> None:
         self._lock = lock
         self._take = take
         self._open = True
 
-    def accept(self, batch: pa.RecordBatch | None, result: T) -> Callable[[], T]:
+    def accept(self, batch: pa.RecordBatch | None) -> Callable[[], None]:
         """Accept `batch` (None or empty: nothing to write) and leave the section; the call returned
-        finishes the write (durable mode: stores the WAL entry) and returns `result`. It must be
-        made, even after an error of the caller's own."""
+        finishes the write (durable mode: stores the WAL entry, or raises the append's error). It
+        must be made, even after an error of the caller's own."""
         try:
-            return self._take(batch, result)
+            return self._take(batch)
         finally:
             self.leave()
 
