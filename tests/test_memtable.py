@@ -20,6 +20,7 @@ from memwal_df.format.bloom import BloomFilter
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.format.rows import TOMBSTONE, wal_schema
+from memwal_df.write import memtable as memtable_module
 from memwal_df.write.generation import (
     generation_memtable,
     open_generation,
@@ -158,6 +159,57 @@ def test_newest_take_bloom_against_model(kind_name: str) -> None:
         check_against_model(kind, batches_ops)
 
     run()
+
+
+@pytest.mark.parametrize("one_take_rows", [None, 0], ids=["small-memtable", "take-per-batch"])
+def test_take_rows_between_writes_against_model(one_take_rows: int | None) -> None:
+    # Takes after any write, from many small batches, then sealed (before its one-chunk newest() is
+    # made, and after); with one take over all batches, or one per batch, for many rows.
+    @given(
+        st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=20), min_size=1, max_size=30),
+        st.lists(st.tuples(st.integers(0, 29), st.integers(0, 2**32)), max_size=12),
+    )
+    @HYP
+    def run(batches: list[list[int]], asks: list[tuple[int, int]]) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            if one_take_rows is not None:
+                mp.setattr(memtable_module, "_CHUNKED_TAKE_ROWS", one_take_rows)
+            check_takes(batches, asks)
+
+    run()
+
+
+def check_takes(batches: list[list[int]], asks: list[tuple[int, int]]) -> None:
+    k = INT
+    mt = MemTable(1, k.wal, k.pk)
+    all_rows: list[dict[str, Any]] = []
+    newest: dict[Any, int] = {}
+    when = {i: [seed for at, seed in asks if at == i] for i in range(len(batches))}
+
+    def check(seed: int) -> None:
+        positions = sorted(newest.values())
+        if seed % 4 == 0:  # the last few: cut as slices
+            some = positions[-1 - seed % 3 :]
+        else:  # about two in three
+            some = [p for p in positions if (p * 2654435761 + seed) % 3]
+        columns = ["v"] if seed % 2 else ["id", "v"]
+        want = [{c: all_rows[p][c] for c in [*columns, TOMBSTONE]} for p in some]
+        assert mt.take_rows(np.array(some, np.int64), columns).to_pylist() == want
+
+    for i, keys in enumerate(batches):
+        rows = [k.row(key, len(all_rows) + j, False) for j, key in enumerate(keys)]
+        mt.append(k.batch(rows))
+        for r in rows:
+            newest[r["id"]] = len(all_rows)
+            all_rows.append(r)
+        for seed in when[i]:
+            check(seed)
+    mt.seal()
+    for seed in (0, 1):  # its newest() not made yet
+        check(seed)
+    assert mt.newest().num_rows == len(newest)
+    for seed in (2, 4):
+        check(seed)
 
 
 def test_tombstone_is_the_newest_row() -> None:

@@ -165,16 +165,18 @@ class MemTable:
 
     def take_rows(self, positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
         """The rows at `positions` (ascending, each the newest row of its key): `columns` and
-        `_tombstone`. Sealed, from the one-chunk `newest()` it keeps. Open: a take over chunked
-        columns first combines them, copying every row, so a few rows (at most one in
-        `_ROWS_PER_SLICE`) are cut out as zero-copy slices, one per run of consecutive positions, and
-        only those are combined; more are one take over the batches of a small MemTable, else a take
-        from each batch that holds some."""
+        `_tombstone`. From the one-chunk `newest()` of a sealed MemTable once made (its flush makes
+        it; a lookup does not wait for it), else from the batches: a take over chunked columns first
+        combines them, copying every row, so a few rows (at most one in `_ROWS_PER_SLICE`) are cut
+        out as zero-copy slices, one per run of consecutive positions, and only those are combined;
+        more are one take over the batches of a small MemTable, else a take from each batch that
+        holds some."""
         schema = _with_tombstone(self.schema, columns)
         if len(positions) == 0:
             return schema.empty_table()
-        if self._sealed:
-            table, newest = self._newest()
+        sealed_newest = self._sealed_newest
+        if sealed_newest is not None:
+            table, newest = sealed_newest
             at = positions if newest is None else np.searchsorted(newest, positions)
             return table.select(schema.names).take(pa.array(at))
         sizes = np.fromiter((b.num_rows for b in self.batches), np.int64, len(self.batches))
