@@ -148,11 +148,16 @@ def build(root: Path, data: Data, memtable_rows: int) -> Built:
 
 
 def layout(uri: str) -> dict[str, int]:
-    """Fragments and deleted rows of the Lance table at `uri` (a merge adds both to the base)."""
+    """Fragments, fragments with a deletion file and deleted rows of the Lance table at `uri` (a merge
+    adds all three to the base)."""
     ds = lance.dataset(uri)
     fragments = ds.get_fragments()
     physical = sum(f.metadata.physical_rows or 0 for f in fragments)
-    return {"fragments": len(fragments), "deleted_rows": physical - ds.count_rows()}
+    return {
+        "fragments": len(fragments),
+        "deletion_files": sum(f.metadata.deletion_file is not None for f in fragments),
+        "deleted_rows": physical - ds.count_rows(),
+    }
 
 
 # --------------------------------------------------------------------------------------------------

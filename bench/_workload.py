@@ -10,6 +10,7 @@ give the same rows.
 from __future__ import annotations
 
 import gc
+import shutil
 import subprocess
 import tempfile
 import time
@@ -47,15 +48,28 @@ SCHEMA = pa.schema(
 # --------------------------------------------------------------------------------------------------
 
 
-def make_rows(rng: np.random.Generator, ids: np.ndarray, vocab: list[str]) -> pa.Table:
-    """Rows of the reference workload for `ids`: category, value, text of 5-15 words, vec float32x64."""
-    n = len(ids)
-    lengths = rng.integers(5, 16, n)
+def make_vocab(rng: np.random.Generator) -> list[str]:
+    """The workload's vocabulary: about 3,000 words of 2-4 syllables, sorted."""
+    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "xe", "zu", "pa", "do", "gi", "he"]
+    return sorted({"".join(rng.choice(syllables, rng.integers(2, 5))) for _ in range(3000)})
+
+
+def make_text(
+    rng: np.random.Generator, n: int, vocab: list[str], min_words: int = 5, max_words: int = 15
+) -> list[str]:
+    """`n` texts of `min_words`..`max_words` words drawn from `vocab`."""
+    lengths = rng.integers(min_words, max_words + 1, n)
     words = rng.integers(0, len(vocab), int(lengths.sum()))
     ends = np.cumsum(lengths)
     starts = ends - lengths
     bounds = zip(starts.tolist(), ends.tolist(), strict=True)
-    text = [" ".join(vocab[w] for w in words[s:e]) for s, e in bounds]
+    return [" ".join(vocab[w] for w in words[s:e]) for s, e in bounds]
+
+
+def make_rows(rng: np.random.Generator, ids: np.ndarray, vocab: list[str]) -> pa.Table:
+    """Rows of the reference workload for `ids`: category, value, text of 5-15 words, vec float32x64."""
+    n = len(ids)
+    text = make_text(rng, n, vocab)
     vec = rng.standard_normal(n * DIM, dtype=np.float32)
     return pa.Table.from_arrays(
         [
@@ -81,8 +95,7 @@ def make_workload(base_rows: int, upsert_rows: int, batch: int, singles: int, se
     """Base rows 0..base_rows-1, then `upsert_rows` upserts in `batch`-row tables (half updates of random
     base keys, half new keys counting up from base_rows), then `singles` one-row tables of new keys."""
     rng = np.random.default_rng(seed)
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "xe", "zu", "pa", "do", "gi", "he"]
-    vocab = sorted({"".join(rng.choice(syllables, rng.integers(2, 5))) for _ in range(3000)})
+    vocab = make_vocab(rng)
     base = make_rows(rng, np.arange(base_rows, dtype=np.int64), vocab)
     batches = []
     next_id = base_rows
@@ -149,11 +162,30 @@ def time_rounds(fns: Sequence[Callable[[], int]], repeat: int) -> list[tuple[lis
 # --------------------------------------------------------------------------------------------------
 
 
+def resident_mb() -> float:
+    """This process's resident set (VmRSS), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def scratch_root(directory: str | None, prefix: str) -> Path:
     """A fresh directory for a run's tables: under `directory`, else under bench/results/ (same disk)."""
     parent = Path(directory).resolve() if directory else ROOT / "bench" / "results"
     parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+def run_in_scratch(args: Any, prefix: str, run: Callable[[Any, Path], int]) -> int:
+    """`run(args, root)` in a fresh `scratch_root(args.dir, prefix)`, removed afterwards unless
+    `args.keep`."""
+    root = scratch_root(args.dir, prefix)
+    try:
+        return run(args, root)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def git_state() -> str:

@@ -44,7 +44,6 @@ import functools
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -60,7 +59,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 from _churn_model import Bm25Reference, Model, Window, check_top_k, l2_distances
-from _workload import DIM, NUM_REGIONS, ROOT, git_state, make_rows, make_workload, scratch_root
+from _workload import DIM, NUM_REGIONS, ROOT, git_state, make_rows, make_workload, run_in_scratch
 
 import memwal_df as mw
 
@@ -563,13 +562,7 @@ def report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    root = scratch_root(args.dir, "churn-")
-    try:
-        return run(args, root)
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
+    return run_in_scratch(parse_args(argv), "churn-", run)
 
 
 if __name__ == "__main__":

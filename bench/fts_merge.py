@@ -31,18 +31,11 @@ from pathlib import Path
 import lance
 import numpy as np
 import pyarrow as pa
-from _workload import make_rows, scratch_root
+from _workload import make_rows, make_vocab, resident_mb, scratch_root
 
 import memwal_df as mw
 from memwal_df.read.base_terms import BASE_TERMS
 from memwal_df.read.search import plan_fts
-
-
-def resident_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def term_state_mb() -> float:
@@ -82,8 +75,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, root: Path) -> None:
     rng = np.random.default_rng(7)
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "xe", "zu", "pa", "do", "gi", "he"]
-    vocab = sorted({"".join(rng.choice(syllables, rng.integers(2, 5))) for _ in range(3000)})
+    vocab = make_vocab(rng)
     uri = str(root / "t")
     base = text_rows(rng, np.arange(args.docs, dtype=np.int64), vocab)
     table = mw.create_table(uri, base, "id", region_spec=mw.bucket("id", 4))

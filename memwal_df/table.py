@@ -19,7 +19,6 @@ from functools import cached_property
 from typing import Any
 
 import lance
-import numpy as np
 import pyarrow as pa
 
 from memwal_df.errors import (
@@ -43,12 +42,16 @@ from memwal_df.format.schema import check_keys, conform, to_table
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.format.wal import Wal
+from memwal_df.jobs import compaction, index_builder, index_catchup, merger
 from memwal_df.jobs import garbage as _gc
-from memwal_df.jobs import index_builder, index_catchup, merger
+from memwal_df.jobs import health as _health
 from memwal_df.jobs import maintain as _maintain
 from memwal_df.jobs import repair as _repair
+from memwal_df.jobs.compaction import CompactionSettings
+from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 from memwal_df.read.changes import EARLIEST, ChangeFeed, Since, open_feed, register_consumer
 from memwal_df.read.current_rows import WriterLookup
+from memwal_df.read.keys import last_per_key
 from memwal_df.write.region_open import open_region_writer, open_routed_writer
 from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.table_writer import TableWriter
@@ -213,25 +216,46 @@ class Table(TableHandle):
         regions: Iterable[uuid.UUID | str] | None = None,
         max_generations: int | None = None,
         parallel: bool = False,
+        generations_per_commit: int = merger.GENERATIONS_PER_COMMIT,
     ) -> merger.MergeResult:
-        """Merge flushed generations into the base table, in order, per region (`memwal_df.jobs.merger`)."""
-        return merger.merge(self, regions, max_generations, parallel)
+        """Merge flushed generations into the base table, in order, per region, up to
+        `generations_per_commit` consecutive generations of a region in one commit
+        (`memwal_df.jobs.merger`)."""
+        return merger.merge(self, regions, max_generations, parallel, generations_per_commit)
 
     def gc(
         self,
         *,
         grace: timedelta = _gc.DEFAULT_GRACE,
         keep_manifest_versions: int = _gc.DEFAULT_KEEP_MANIFEST_VERSIONS,
+        stream_commit_retention: timedelta = _gc.DEFAULT_STREAM_COMMIT_RETENTION,
+        consumer_retention: timedelta = _gc.DEFAULT_CONSUMER_RETENTION,
     ) -> _gc.GcResult:
-        """Remove merged generations, their WAL entries, orphaned generation directories and old
-        region manifest versions that no reader or writer can still need; see `memwal_df.jobs.garbage`."""
-        return _gc.gc(self, grace=grace, keep_manifest_versions=keep_manifest_versions)
+        """Remove merged generations, their WAL entries, orphaned generation directories, old
+        region manifest versions, temp files of failed writes, the commit records of streaming
+        queries stopped longer than `stream_commit_retention` and consumer records stale longer than
+        `consumer_retention`, all that no reader or writer can still need; see `memwal_df.jobs.garbage`."""
+        return _gc.gc(
+            self,
+            grace=grace,
+            keep_manifest_versions=keep_manifest_versions,
+            stream_commit_retention=stream_commit_retention,
+            consumer_retention=consumer_retention,
+        )
 
-    def catch_up_indexes(self, rebuild: bool = True) -> index_catchup.CatchUpResult:
-        """Rebuild lagging maintained base indexes (`optimize_indices`) and record their
-        `index_catchup`, claiming only generations their fragment bitmaps cover; see
-        `memwal_df.jobs.index_catchup`."""
-        return index_catchup.catch_up_indexes(self, rebuild)
+    def catch_up_indexes(
+        self, rebuild: bool = True, upkeep: IndexUpkeepSettings | None = None
+    ) -> index_catchup.CatchUpResult:
+        """Rebuild lagging maintained base indexes (`optimize_indices`, keeping each within the
+        segment and retraining bounds of `upkeep`) and record their `index_catchup`, claiming only
+        generations their fragment bitmaps cover; see `memwal_df.jobs.index_catchup`."""
+        return index_catchup.catch_up_indexes(self, rebuild, upkeep)
+
+    def compact(self, settings: CompactionSettings | None = None) -> compaction.CompactionResult:
+        """Rewrite the base table's small fragments and fragments with many deleted rows when their
+        debt passes `settings` (default `CompactionSettings()`), keeping the MemWAL index and index
+        catch-up intact; see `memwal_df.jobs.compaction`."""
+        return compaction.compact(self, settings)
 
     def maintain(
         self,
@@ -242,11 +266,13 @@ class Table(TableHandle):
         grace: timedelta = _gc.DEFAULT_GRACE,
         version_retention: timedelta | None = _maintain.DEFAULT_VERSION_RETENTION,
         keep_versions: int | None = None,
+        compact: CompactionSettings | None = compaction.DEFAULT_SETTINGS,
+        index_upkeep: IndexUpkeepSettings | None = None,
     ) -> list[_maintain.Round]:
-        """Run merge, index build, index catch-up, cleanup of base versions older than
-        `version_retention` (None: keep all) but the newest `keep_versions`, and GC every `interval`
-        seconds until `stop` is set or `max_rounds` rounds ran, logging and retrying failed jobs; see
-        `memwal_df.jobs.maintain`."""
+        """Run merge, index build, index catch-up (bounded by `index_upkeep`), base compaction
+        (`compact`; None: none), cleanup of base versions older than `version_retention` (None: keep
+        all) but the newest `keep_versions`, and GC every `interval` seconds until `stop` is set or
+        `max_rounds` rounds ran, logging and retrying failed jobs; see `memwal_df.jobs.maintain`."""
         return _maintain.maintain(
             self,
             interval=interval,
@@ -255,6 +281,8 @@ class Table(TableHandle):
             grace=grace,
             version_retention=version_retention,
             keep_versions=keep_versions,
+            compact=compact,
+            index_upkeep=index_upkeep,
         )
 
     # ------------------------------------------------------------------ change feed
@@ -320,7 +348,9 @@ class Table(TableHandle):
         each region whose latest manifest or (with `check_wal`) unreplayed WAL entry cannot be decoded
         (its file and the error); a region with a corrupt manifest is missing from `regions`.
         `check_wal` reads every WAL entry a claiming writer would replay (up to a MemTable's worth per
-        region); without it only manifests are read."""
+        region); without it only manifests are read. `health` (`memwal_df.jobs.health.Health`): the
+        base's fragments, deletion files and compaction debt, each base index's segments and coverage,
+        and the maintain loop's last error per job, from manifest metadata (no row data is read)."""
         self.refresh()
         regions, corrupt = [], []
         for region_id in self.region_ids():
@@ -347,6 +377,7 @@ class Table(TableHandle):
             ),
             "regions": regions,
             "corrupt_regions": corrupt,
+            "health": _health.table_health(self.dataset, self.details, self.storage),
         }
 
 
@@ -387,7 +418,7 @@ def create_table(
     schema = base_manifest.with_primary_key(_nullable_values(data.schema, pk), pk)
     data = conform(data, schema)
     check_keys(data, tuple(pk))
-    data = _last_per_key(data, pk)
+    data = last_per_key(data, pk)
     field_ids = lance_field_ids(schema)  # as Lance assigns them to the new dataset
     details = _initial_details(field_ids, schema, pk, region_spec, maintained_indexes)
     before = set(storage.list_dir(""))
@@ -469,14 +500,3 @@ def open_table(uri: str, storage_options: dict[str, str] | None = None) -> Table
 def _nullable_values(schema: pa.Schema, pk: list[str]) -> pa.Schema:
     """Non-key columns must be nullable: a tombstone row carries only its key."""
     return pa.schema([f if f.name in pk else f.with_nullable(True) for f in schema], metadata=schema.metadata)
-
-
-def _last_per_key(table: pa.Table, pk: list[str]) -> pa.Table:
-    """Initial data with one row per key, the last one (the base table holds unique keys)."""
-    if table.num_rows == 0:
-        return table
-    idx = pa.array(np.arange(table.num_rows))
-    last = table.append_column("_pos", idx).group_by(pk, use_threads=False).aggregate([("_pos", "max")])
-    if last.num_rows == table.num_rows:
-        return table
-    return table.take(pa.array(np.sort(last.column("_pos_max").to_numpy())))

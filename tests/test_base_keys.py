@@ -4,11 +4,14 @@ exactly what an index read afresh locates, and every masked scan equals Lance's 
 
 from __future__ import annotations
 
+import itertools
 import struct
+from unittest import mock
 
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,6 +19,7 @@ from hypothesis import strategies as st
 from memwal_df.format.deletion_files import decode, deleted_offsets, roaring_values
 from memwal_df.format.open_storage import open_storage
 from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, fragment_signatures
+from memwal_df.read.exec import masked_scan
 from memwal_df.read.exec.masked_scan import MaskedScanExec, fragment_rows
 from memwal_df.read.spans import base_spans
 
@@ -130,19 +134,26 @@ def test_patched_index_locates_what_a_fresh_one_does(tmp_path_factory, changes, 
 def _check_masked_scans(ds: lance.LanceDataset, index: BaseKeyIndex, keys: np.ndarray) -> None:
     part = BaseShadow(index.locate(pa.array(keys)), index.physical_rows)
     shadow = ShadowSet([part], lambda: index.mask([part]))
-    want = _live(ds).filter(pa.array(~np.isin(_live(ds).column("id").to_numpy(), keys)))
-    for live in (True, False):
+    live_rows = _live(ds)
+    want = live_rows.filter(pa.array(~np.isin(live_rows.column("id").to_numpy(), keys)))
+    # live spans only without a filter (as the planner makes them); physical spans with and without
+    cases = [(True, None), (False, None), (False, pc.field("id") < 1700)]
+    for (live, flt), head in itertools.product(cases, (masked_scan.HEAD_ROWS, 7)):
         fragments = list(fragment_rows(ds, live).items())
         spans = base_spans(fragments, 3, 1)
-        scans = [
-            MaskedScanExec(ds, s, cols, None, lambda: shadow, live=live, counts_all=i == 0)
-            for i, s in enumerate(spans)
-            for cols in (["id"],)
-        ]
-        got = pa.Table.from_batches(
-            [b for n in scans for b in n.execute()], schema=pa.schema([("id", pa.int64())])
-        )
-        assert sorted(got.column("id").to_pylist()) == sorted(want.column("id").to_pylist())
+        with mock.patch.object(masked_scan, "HEAD_ROWS", head):  # first scans split into a head and the rest
+            scans = [
+                MaskedScanExec(ds, s, ["id"], flt, lambda: shadow, live=live, counts_all=i == 0)
+                for i, s in enumerate(spans)
+            ]
+            got = pa.Table.from_batches(
+                [b for n in scans for b in n.execute()], schema=pa.schema([("id", pa.int64())])
+            )
+        expected = want if flt is None else want.filter(flt)
+        ids = sorted(got.column("id").to_pylist())
+        assert ids == sorted(expected.column("id").to_pylist()), (live, flt, head)
+        if flt is not None:
+            continue
         counts = [
             b.num_rows
             for i, s in enumerate(spans)

@@ -291,7 +291,7 @@ def test_help_of_every_command(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     commands = ["create", "ingest", "delete", "sql", "explain", "status", "merge", "build-index", "gc"]
-    commands += ["recover", "maintain", "bench"]
+    commands += ["compact", "recover", "repair", "maintain", "bench"]
     top = capsys.readouterr().out
     assert e.value.code == 0 and all(c in top for c in commands)
     for command in commands:

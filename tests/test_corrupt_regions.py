@@ -195,14 +195,14 @@ def test_status_lists_each_corrupt_region_file_and_error(request, tmp_path, caps
     listed = {r.region_id for r in status["regions"]}
     assert listed == set(table.region_ids()) - ({bad} if what == "manifest" else set())
 
-    code, out = _cli(capsys, "status", table.uri)
-    assert code == Exit.OK and "CORRUPT" in out and path in out and "--region REGION" in out
+    code, out = _cli(capsys, "status", table.uri)  # exit code 1: a region is corrupt
+    assert code == Exit.FAILED and "CORRUPT" in out and path in out and "--region REGION" in out
     unchecked = table.status(check_wal=False)["corrupt_regions"]
     assert unchecked == ([] if what == "wal" else [problem])
     code, out = _cli(capsys, "status", table.uri, "--no-wal-check")
-    assert code == Exit.OK and (path in out) == (what == "manifest")
+    assert code == (Exit.FAILED if what == "manifest" else Exit.OK) and (path in out) == (what == "manifest")
     code, out = _cli(capsys, "status", table.uri, "--json")
-    assert code == Exit.OK
+    assert code == Exit.FAILED
     (listed_json,) = json.loads(out)["corrupt_regions"]
     assert listed_json["region_id"] == str(bad) and listed_json["path"] == path
     record(GUARANTEE, case_name(request), corrupt_files=1, entry_points_checked=3)

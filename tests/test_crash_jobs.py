@@ -18,9 +18,12 @@ went back. Then every job runs to completion and the base alone must hold the mo
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import subprocess
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ from support.jobs import (
     create,
     every_version_reads,
     finish,
+    merged_generation,
     progress_history,
     rows_at,
 )
@@ -45,14 +49,15 @@ from support.reference import stored_rows
 from support.wal_oracle import durable_rows, freeze, reachable_states
 
 import memwal_df as mw
+from memwal_df.jobs.compaction import CompactionSettings, debt
 
 GUARANTEE = "a crashed job or writer loses nothing acknowledged"
 
 
 def run_to_crash(
-    mode: str, uri: str, options: dict[str, str] | None, log_dir: Path, point: str, k: int
+    mode: str, uri: str, options: dict[str, str] | None, log_dir: Path, point: str, k: int, **args: Any
 ) -> None:
-    proc = spawn(mode, uri, options, log_dir, crash=[point, k])
+    proc = spawn(mode, uri, options, log_dir, crash=[point, k], **args)
     proc.communicate(timeout=600)
     assert proc.returncode == 9, f"{mode} never reached {point} #{k} (exit {proc.returncode})"
 
@@ -201,3 +206,108 @@ def test_writer_and_jobs_killed_at_random_moments(request, tmp_path, kind, seed)
         rows_checked=checked,
         half_cleaned_versions_skipped=half_cleaned,
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# A base compaction killed mid-way
+# ---------------------------------------------------------------------------------------------------
+
+# Every fragment of the test table is small (below 16 rows, which also splits the rewrite into several
+# fragments: more data files, a longer rewrite) and one deleted row makes a fragment due.
+COMPACTION = {
+    "target_rows_per_fragment": 16,
+    "small_fragment_rows": 16,
+    "min_small_fragments": 2,
+    "max_deleted_share": 0.01,
+}
+
+
+def many_small_fragments(uri: str, seed: int, generations: int, unmerged: int) -> tuple[mw.Table, Workload]:
+    """A table with a BTREE index whose base is many small fragments with deletions (one per region
+    and merged generation), the index caught up, and `unmerged` more generations flushed, unmerged."""
+    table = create(uri, None, regions=2)
+    lance.dataset(uri).create_scalar_index("id", "BTREE")
+    work = Workload(table, seed)
+    with table.writer() as writer:
+        for g in range(generations):
+            work.generation(writer)
+            if g == generations - unmerged - 1:
+                table.merge()
+                table.catch_up_indexes()
+    return table, work
+
+
+def kill_inside_rewrite(proc: subprocess.Popen, data_dir: Path) -> bool:
+    """SIGKILL `proc` once a data file appears in `data_dir` after it announced its compaction (the
+    rewrite is being written, not committed); True if it was killed there, False if it had ended."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line and line != "compacting\n":
+        line = proc.stdout.readline()
+    if not line:
+        return False
+    before = set(os.listdir(data_dir))
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if set(os.listdir(data_dir)) - before:
+            proc.send_signal(signal.SIGKILL)
+            return True
+        time.sleep(0.0005)
+    return False
+
+
+COMPACT_KILLS = ["compact_before_rewrite", "inside_rewrite", "compact_after_commit", "timed"]
+
+
+@pytest.mark.parametrize(
+    "job, kill",
+    cases(
+        [("compact", "inside_rewrite"), ("maintain", "compact_after_commit")],
+        [(job, kill) for job in ("compact", "maintain") for kill in COMPACT_KILLS],
+    ),
+)
+def test_compaction_killed_mid_way(request, tmp_path, job, kill):
+    """`table.compact` (or a maintain round, in its compaction step) killed before Lance's rewrite,
+    inside it (its first data file written), after its commit (before the index catch-up is restored)
+    or at a random moment: the table reads exactly the model at every retained version, merge progress
+    did not go back, and compaction and maintain rounds run again to a compacted base holding the
+    model."""
+    uri = str(tmp_path / "t")
+    seed = hash((job, kill)) & 0xFFFF
+    table, work = many_small_fragments(uri, seed, generations=10, unmerged=2 if job == "maintain" else 0)
+    progress = {r: merged_generation(table, r) for r in table.region_ids()}
+    version = lance.dataset(uri).version
+    args: dict[str, Any] = {"compaction": COMPACTION}
+    if kill in ("compact_before_rewrite", "compact_after_commit"):
+        run_to_crash(job, uri, None, tmp_path, kill, 1, **args)
+    else:
+        proc = spawn(job, uri, None, tmp_path, announce=True, **args)
+        wait_ready(proc)
+        if kill == "inside_rewrite":
+            assert kill_inside_rewrite(proc, Path(uri) / "data"), "the compaction ended before a data file"
+        else:
+            time.sleep(random.Random(seed).uniform(0, 1.5))
+            proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    if job == "compact" and kill in ("compact_before_rewrite", "inside_rewrite"):
+        assert lance.dataset(uri).version == version, "the kill came after the compaction's commit"
+    table = mw.open_table(uri)
+    assert table.recover() == []
+    assert check_after_crash(table, work.model) == 0
+    assert all(merged_generation(table, r) >= g for r, g in progress.items())
+    assert_catchup_covered(table)
+    settings = CompactionSettings(**COMPACTION)
+    table.compact(settings)
+    assert stored_rows(table) == work.model
+    for _ in range(2):
+        with table.writer() as w:
+            work.generation(w)
+        (done,) = table.maintain(
+            interval=0, max_rounds=1, grace=timedelta(0), version_retention=timedelta(0), compact=settings
+        )
+        assert not done.errors, done.errors
+        assert check_after_crash(table, work.model) == 0
+    table.compact(settings)
+    assert not debt(lance.dataset(uri), settings).mostly_deleted
+    finish(table, work)
+    record(GUARANTEE, case_name(request), crash_points=1, rows_checked=2 * len(work.model))

@@ -59,7 +59,7 @@ def test_rounds_merge_build_catch_up_and_collect(tmp_path):
     rounds = table.maintain(interval=0, max_rounds=2, grace=ZERO)
     assert [r.number for r in rounds] == [1, 2] and all(not r.errors for r in rounds)
     first = rounds[0].results
-    assert set(first) == {"merge", "build_index", "catch_up_indexes", "cleanup_versions", "gc"}
+    assert set(first) == {"merge", "build_index", "catch_up_indexes", "compact", "cleanup_versions", "gc"}
     assert first["cleanup_versions"].old_versions == 0  # the default retention is a day
     assert first["merge"].generations and first["build_index"].regions == 2
     merged = _merged(table)

@@ -130,7 +130,7 @@ def test_crash_after_commit_is_not_merged_again(tmp_path):
     stale = merger._Merger(table, None)  # plans generation 1
     table.merge([region], max_generations=2)  # the other merger did 1 and 2 (then "crashed")
     version = lance.dataset(table.uri).version
-    assert stale._generation(region, 1, path) is None
+    assert stale._generations(region, [(1, path)]) is None
     assert lance.dataset(table.uri).version == version  # nothing committed
     ds = lance.dataset(table.uri)  # and Lance itself refuses a stale marker
     with pytest.raises(OSError, match="Stale SSTable compaction"):
@@ -193,3 +193,46 @@ def _check_each_merged_once(
     counts = Counter((r, g) for out in outcomes for r, gens in out.items() for g in gens)
     assert all(c == 1 for c in counts.values()), counts
     assert set(counts) == {(r, g) for r, gens in pending.items() for g in gens}
+
+
+@pytest.mark.parametrize("per_commit", [1, 3, 8])
+def test_generations_merged_together_match_one_at_a_time(tmp_path, per_commit):
+    """Consecutive generations merged in one commit pair: the newest row of each key among them wins
+    (a key deleted then re-put, or put then deleted, across generations), one marker per commit."""
+    work = _with_generations(str(tmp_path / "t"), None, 7, seed=23)
+    table = work.table
+    pending = _unmerged(table)
+    before = table.dataset.version
+    result = table.merge(generations_per_commit=per_commit)
+    assert result.generations == {r: tuple(g) for r, g in pending.items() if g}
+    assert base_rows(table) == work.model
+    assert stored_rows(table) == work.model
+    assert_monotonic(progress_history(table))
+    # at most two commits (tombstones, then rows + marker) per run of `per_commit` generations
+    runs = sum(-(-len(g) // per_commit) for g in pending.values())
+    assert table.dataset.version - before <= 2 * runs
+    if per_commit == 8:
+        assert table.dataset.version - before <= 2 * len([g for g in pending.values() if g])
+
+
+def test_generations_merged_together_after_another_merger_did_the_first(tmp_path):
+    """A merger that planned generations 1..4 together and finds 1..2 merged by another merges 3..4."""
+    work = _with_generations(str(tmp_path / "t"), None, 4, seed=29)
+    table = work.table
+    region = max(table.region_ids(), key=lambda r: len(_unmerged(table)[r]))
+    gens = flushed_generations(table, region)
+    assert len(gens) >= 4
+    late = merger._Merger(table, None, per_commit=8)
+    table.merge([region], max_generations=2, generations_per_commit=1)
+    done = late._generations(region, gens)
+    assert done is not None and done.generations == tuple(g for g, _ in gens[2:])
+    assert merged_generation(table, region) == gens[-1][0]
+    table.merge()
+    assert base_rows(table) == work.model
+    assert_monotonic(progress_history(table))
+
+
+def test_bad_generations_per_commit(tmp_path):
+    table = create(str(tmp_path / "t"), None)
+    with pytest.raises(InvalidConfigError):
+        table.merge(generations_per_commit=0)

@@ -1,7 +1,8 @@
 """Read state carried across versions is exact: one long-lived DataFusion context, with the tables
 registered once, answers every query shape exactly like a dict model after every step of a history of
-writes, flushes, merges, index builds and catch-ups, base compactions, version cleanups, GC and writer
-reopens.
+writes, flushes, merges, index builds and catch-ups (with index upkeep: segment merges and vector
+index retraining), base compactions (`table.compact` with thresholds small enough to fire, and Lance's
+own `compact_files`), version cleanups, GC and writer reopens.
 
 Two tables are registered: `d`, `MemWalTable(uri)` (the durable levels: checked against the model of
 flushed rows), and `w`, `MemWalTable(uri, writer=w)` while a writer is open (every acknowledged write;
@@ -43,6 +44,7 @@ from support.read_state import (
     Model,
     Row,
     add_base_indexes,
+    add_vector_index,
     check_reads,
     create,
     row,
@@ -51,6 +53,10 @@ from support.read_state import (
 )
 
 import memwal_df as mw
+from memwal_df.format import memwal_index
+from memwal_df.jobs.compaction import CompactionResult, CompactionSettings, debt
+from memwal_df.jobs.index_catchup import CatchUpResult, coverage
+from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 
 GUARANTEE = "reader freshness"
 ZERO = timedelta(0)
@@ -76,9 +82,59 @@ def apply(model: Model, rows: list[Row]) -> None:
         model[r["id"]] = dict(r)
 
 
+# Thresholds these small tables pass: a few small fragments, or one with a deleted row, are due; a
+# small target (a fragment is small below it) also splits a rewrite into several fragments.
+COMPACTIONS = st.builds(
+    lambda sizes, n, share: CompactionSettings(sizes[0], sizes[1], n, share),
+    st.sampled_from([(8, 8), (40, 40), (1 << 20, 1_000)]),
+    st.integers(2, 3),
+    st.sampled_from([0.01, 0.5]),
+)
+UPKEEPS = st.builds(
+    IndexUpkeepSettings, max_segments=st.integers(1, 2), retrain_share=st.sampled_from([0.01, 0.3, 10.0])
+)
+UPKEEP = IndexUpkeepSettings(max_segments=1, retrain_share=0.3)
+COMPACTION = CompactionSettings(small_fragment_rows=1_000, min_small_fragments=2, max_deleted_share=0.01)
+
+
+def index_state(uri: str) -> tuple[set[int], dict[str, set[int]], dict[str, dict[uuid.UUID, int]]]:
+    """(fragment ids, fragments each base index covers, recorded index catch-up) of the latest version."""
+    ds = lance.dataset(uri)
+    found = memwal_index.read_details(uri, None, ds.version)
+    catchup = memwal_index.index_catchup(found[0]) if found else {}
+    covered = {name: frags for name, frags in coverage(ds).items() if name != "__lance_mem_wal"}
+    return {f.fragment_id for f in ds.get_fragments()}, covered, catchup
+
+
+def compact_keeping_indexes(table: mw.Table, settings: CompactionSettings) -> CompactionResult:
+    """`table.compact`, checking that its commit remapped every index (no bitmap names a retired
+        fragment; an index covering every fragment still does), kept each index's recorded catch-up and left
+    no fragment past `max_deleted_share`."""
+    frags, covered, catchup = index_state(table.uri)
+    done = table.compact(settings)
+    frags_after, covered_after, catchup_after = index_state(table.uri)
+    # Lance rewrites every fragment with deletions past the share (small ones only in runs of two or more)
+    assert done.compacted or not done.debt.mostly_deleted
+    assert not debt(lance.dataset(table.uri), settings).mostly_deleted
+    assert len(frags_after) == len(frags) - done.fragments_removed + done.fragments_added
+    for name, was in covered.items():
+        stale = covered_after[name] - frags_after  # (a merge deleting all of a fragment's rows retires it)
+        assert stale <= was - frags, f"{name} names fragments the compaction retired: {stale}"
+        if frags <= was:
+            assert frags_after <= covered_after[name], f"{name} lost coverage"
+        for region, gen in catchup.get(name, {}).items():
+            assert catchup_after.get(name, {}).get(region, 0) >= gen, f"{name} catch-up went back"
+    return done
+
+
 def _maintain(table: mw.Table) -> None:
-    (done,) = table.maintain(interval=0, max_rounds=1, grace=ZERO, version_retention=ZERO)
+    (done,) = table.maintain(
+        interval=0, max_rounds=1, grace=ZERO, version_retention=ZERO, compact=COMPACTION, index_upkeep=UPKEEP
+    )
     assert not done.errors, done.errors
+    compacted = done.results["compact"]
+    assert isinstance(compacted, CompactionResult)
+    event(f"maintain round compacted: {compacted.compacted}")
 
 
 def _cleanup_and_gc(table: mw.Table) -> None:
@@ -94,6 +150,7 @@ JOBS: dict[str, Callable[[mw.Table], Any]] = {
     "merge": lambda t: t.merge(),
     "merge one generation per region": lambda t: t.merge(max_generations=1),
     "index build and catch-up": lambda t: (t.build_index(), t.catch_up_indexes()),
+    "index catch-up with upkeep": lambda t: t.catch_up_indexes(upkeep=UPKEEP),
     "compact the base (Lance)": lambda t: lance.dataset(t.uri).optimize.compact_files(
         target_rows_per_fragment=1 << 20
     ),
@@ -111,7 +168,10 @@ class ReadStateMachine(RuleBasedStateMachine):
         self.flushed: Model = {}  # what the durable levels hold (generations + base)
         self.writer: mw.TableWriter | None = None
         self.indexed = False
+        self.vector_indexed = False
         self.steps = 0
+        self.compactions = 0  # table.compact calls that rewrote fragments
+        self.segment_merges = 0  # index optimizes that merged an index's segments or retrained it
         self.rows_checked = 0
         self.ctx = mw.register(datafusion.SessionContext())
 
@@ -208,6 +268,41 @@ class ReadStateMachine(RuleBasedStateMachine):
         add_base_indexes(self.uri)
         self.indexed = True
 
+    @precondition(lambda self: not self.vector_indexed)
+    @rule()
+    def create_vector_index(self) -> None:
+        """An IVF_FLAT index on the vectors (one partition: every search probes it all, exactly), which
+        index catch-up then extends with delta segments, merges and retrains."""
+        self.vector_indexed = add_vector_index(self.uri)
+        event(f"vector index created: {self.vector_indexed}")
+
+    @rule(settings=COMPACTIONS)
+    def compact(self, settings: CompactionSettings) -> None:
+        """`table.compact` by another table object, right after a merge (new fragments, deletion
+        files); the maintain round compacts without one."""
+        jobs = mw.open_table(self.uri)
+        jobs.merge()
+        done = compact_keeping_indexes(jobs, settings)
+        self.compactions += done.compacted
+        event(f"compact rewrote fragments: {done.compacted}")
+
+    @rule(upkeep=UPKEEPS, merge_first=st.booleans())
+    def index_upkeep(self, upkeep: IndexUpkeepSettings, merge_first: bool) -> None:
+        """Index catch-up bounded by `upkeep` (merges every segment at `max_segments`, retrains the
+        vector index past `retrain_share`), by another table object."""
+        jobs = mw.open_table(self.uri)
+        if merge_first:
+            jobs.merge()
+        done = jobs.catch_up_indexes(upkeep=upkeep)
+        assert isinstance(done, CatchUpResult)
+        merged = sum(i.merged_segments or i.retrained for i in done.indexes)
+        self.segment_merges += merged
+        for i in done.indexes:
+            event(f"index upkeep: merged segments {i.merged_segments}, retrained {i.retrained}")
+        if self.vector_indexed:
+            segments = {d.name: len(d.segments) for d in lance.dataset(self.uri).describe_indices()}
+            assert segments["vec_idx"] <= upkeep.max_segments, segments
+
     @rule(job=st.sampled_from([*JOBS, "maintain round"]))
     def background_job(self, job: str) -> None:
         """One background job, or the maintain loop's round of all of them, by another table object."""
@@ -235,7 +330,11 @@ class ReadStateMachine(RuleBasedStateMachine):
             self._cleanup()
 
 
-def run_machine(tmp_path: Path, request: pytest.FixtureRequest, **cfg: Any) -> None:
+def run_machine(tmp_path: Path, request: pytest.FixtureRequest, **cfg: Any) -> dict[str, int]:
+    """Run the machine; (over every history) how many `compact` rules rewrote fragments and how many
+    `index_upkeep` rules merged an index's segments or retrained it."""
+    totals = {"compactions": 0, "segment_merges": 0}
+
     class Machine(ReadStateMachine):
         def __init__(self) -> None:
             uri = str(tmp_path / uuid.uuid4().hex)
@@ -243,6 +342,8 @@ def run_machine(tmp_path: Path, request: pytest.FixtureRequest, **cfg: Any) -> N
 
         def teardown(self) -> None:
             super().teardown()
+            totals["compactions"] += self.compactions
+            totals["segment_merges"] += self.segment_merges
             record(
                 GUARANTEE, case_name(request), histories=1, steps=self.steps, rows_checked=self.rows_checked
             )
@@ -253,6 +354,7 @@ def run_machine(tmp_path: Path, request: pytest.FixtureRequest, **cfg: Any) -> N
             deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], **cfg
         ),
     )
+    return totals
 
 
 def test_read_state_machine(tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -261,7 +363,8 @@ def test_read_state_machine(tmp_path: Path, request: pytest.FixtureRequest) -> N
 
 @pytest.mark.slow
 def test_read_state_machine_long(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    run_machine(tmp_path, request, max_examples=100, stateful_step_count=40)
+    totals = run_machine(tmp_path, request, max_examples=100, stateful_step_count=40)
+    assert totals["compactions"] and totals["segment_merges"], totals
 
 
 # ---------------------------------------------------------------------- lifecycle edges, one by one
@@ -458,11 +561,13 @@ def test_a_delete_of_a_key_only_the_base_holds(
     lsm.close(request)
 
 
+@pytest.mark.parametrize("how", ["table.compact", "Lance compact_files"])
 def test_a_base_compaction_moves_every_row(
-    tmp_path: Path, indexed: bool, request: pytest.FixtureRequest
+    tmp_path: Path, indexed: bool, how: str, request: pytest.FixtureRequest
 ) -> None:
-    """Lance's compaction rewrites the base's fragments (new row addresses, deletions applied)
-    between queries: state located by row address or fragment must not survive it."""
+    """A compaction rewrites the base's fragments (new row addresses, deletions applied) between
+    queries: state located by row address or fragment must not survive it. `table.compact` with a
+    small target writes several fragments and remaps the indexes in its commit."""
     lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), indexed=indexed)
     for seed in (1, 2, 3):
         lsm.put(list(range(seed, 20, 4)), seed=seed)
@@ -472,10 +577,67 @@ def test_a_base_compaction_moves_every_row(
     lsm.put([5, 8], seed=4)
     lsm.flush()
     lsm.check()
-    before = len(lance.dataset(lsm.uri).get_fragments())
-    lance.dataset(lsm.uri).optimize.compact_files(target_rows_per_fragment=1 << 20)
-    assert len(lance.dataset(lsm.uri).get_fragments()) < before
+    before = lance.dataset(lsm.uri).get_fragments()
+    assert any(f.metadata.deletion_file is not None for f in before)
+    if how == "table.compact":
+        done = compact_keeping_indexes(lsm.jobs(), CompactionSettings(8, 8, 2, 0.01))
+        assert done.compacted and done.fragments_added > 1
+    else:
+        lance.dataset(lsm.uri).optimize.compact_files(target_rows_per_fragment=1 << 20)
+    after = lance.dataset(lsm.uri).get_fragments()
+    assert len(after) < len(before)
+    assert not {f.fragment_id for f in after} & {f.fragment_id for f in before}
+    assert all(f.metadata.deletion_file is None for f in after)
     lsm.check()
     assert lsm.jobs().merge().generations
+    lsm.check()
+    lsm.close(request)
+
+
+def test_index_segments_merged_and_a_vector_index_retrained_between_queries(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Index catch-up adds delta segments to a vector index, then merges them into one and retrains
+    it, and a compaction rewrites what it covers, between queries of one reader: searches through
+    the index, lookups and scans stay exact after each."""
+    lsm = Lsm(str(tmp_path / "t"), list(range(0, 20, 2)), indexed=True)
+    assert add_vector_index(lsm.uri)
+    lax = IndexUpkeepSettings(max_segments=4, retrain_share=100.0)
+
+    def segments() -> int:
+        return {d.name: len(d.segments) for d in lance.dataset(lsm.uri).describe_indices()}["vec_idx"]
+
+    for seed in (1, 2):
+        lsm.put(list(range(seed, 24, 3)), seed=seed)
+        lsm.delete([seed * 4])
+        lsm.flush()
+        assert lsm.jobs().merge().generations
+        lsm.check()
+        (vec,) = [i for i in lsm.jobs().catch_up_indexes(upkeep=lax).indexes if i.name == "vec_idx"]
+        assert vec.rebuilt and not vec.merged_segments and not vec.retrained
+        lsm.check()
+    assert segments() == 3
+    done = lsm.jobs().catch_up_indexes(upkeep=IndexUpkeepSettings(max_segments=2, retrain_share=100.0))
+    assert any(i.merged_segments for i in done.indexes), done
+    assert segments() == 1
+    lsm.check()
+    lsm.put(list(range(0, 30, 2)), seed=3)
+    lsm.flush()
+    assert lsm.jobs().merge().generations
+    lsm.check()
+    done = lsm.jobs().catch_up_indexes(upkeep=IndexUpkeepSettings(max_segments=4, retrain_share=0.1))
+    assert any(i.retrained for i in done.indexes)
+    assert segments() == 1
+    lsm.check()
+    assert compact_keeping_indexes(lsm.jobs(), CompactionSettings(8, 8, 2, 0.01)).compacted
+    lsm.check()
+    # merged but not caught up (the search reads those generations instead of the index's gap), then
+    # compacted together with indexed fragments: rows of both must stay found
+    lsm.put(list(range(1, 30, 4)), seed=4)
+    lsm.delete([3, 6])
+    lsm.flush()
+    assert lsm.jobs().merge().generations
+    lsm.check()
+    assert compact_keeping_indexes(lsm.jobs(), CompactionSettings(8, 8, 2, 0.01)).compacted
     lsm.check()
     lsm.close(request)

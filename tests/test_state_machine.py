@@ -1,6 +1,6 @@
 """A stateful property test of the write path: random puts, deletes, flushes, crashes, reopens,
-recoveries and rounds of every background job (merge, index build and catch-up, base version cleanup,
-GC) against a real table, checked after every step against a dict model.
+recoveries and rounds of every background job (merge, index build and catch-up, base compaction, index
+upkeep, base version cleanup, GC) against a real table, checked after every step against a dict model.
 
 The model keeps, per region, the list of region writes ("ops": the rows one region writer received in
 one call, tombstones included) and how many of them are durable (in the WAL). Durability is modelled
@@ -23,7 +23,7 @@ After every step two oracles must agree with the model:
 The writer's own counters (`stats()`: WAL entries written, rows in the active MemTable) must match
 what the model predicts, so the thresholds are checked too. A `MemWalTable` registered once at the
 start stays registered through every step and must return what a table opened afresh holds in storage
-(reader freshness across merges, version cleanup and GC).
+(reader freshness across merges, compactions, version cleanup and GC).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from datetime import timedelta
 from typing import Any
 
 import datafusion
+import lance
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -55,6 +56,8 @@ from support.wal_oracle import apply_rows, check_region, durable_rows, region_sn
 
 import memwal_df as mw
 from memwal_df import errors
+from memwal_df.jobs.compaction import CompactionSettings, debt
+from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 
 SCHEMA = pa.schema(
     [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("v", pa.float64())]
@@ -82,6 +85,16 @@ WRITER_SETTINGS = st.fixed_dictionaries(
         "max_wal_buffer_batches": st.sampled_from([1, 3, 1024, 1024]),
     }
 )
+
+# Thresholds a base of a few dozen rows passes: every fragment is small (below 8 rows: the target also
+# splits a rewrite), and one deleted row makes a fragment due.
+COMPACTIONS = st.builds(
+    lambda sizes, n, share: CompactionSettings(sizes[0], sizes[1], n, share),
+    st.sampled_from([(8, 8), (1 << 20, 1_000)]),
+    st.integers(2, 3),
+    st.sampled_from([0.01, 0.5]),
+)
+UPKEEPS = st.builds(IndexUpkeepSettings, max_segments=st.integers(1, 2), retrain_share=st.just(0.1))
 
 
 @dataclass
@@ -115,6 +128,7 @@ class WriterMachine(RuleBasedStateMachine):
         self.writer: mw.TableWriter | None = None
         self.recovered = False  # recover() ran since the last crash
         self.collected = False  # a GC ran: old manifest versions and merged generations are gone
+        self.indexed = False  # the base has a BTREE index on the key
         self.unmerged = False  # a flush or a clean close since the last maintain round
         self.cfg: dict[str, Any] = {}
         self._region_of: dict[int, uuid.UUID] = {}
@@ -387,10 +401,47 @@ class WriterMachine(RuleBasedStateMachine):
         merge, index build and catch-up, cleanup of every base version but the latest, GC without
         a grace period."""
         jobs = mw.open_table(self.uri, self.options)
-        (done,) = jobs.maintain(interval=0, max_rounds=1, grace=ZERO, version_retention=ZERO)
+        (done,) = jobs.maintain(
+            interval=0,
+            max_rounds=1,
+            grace=ZERO,
+            version_retention=ZERO,
+            compact=CompactionSettings(1 << 20, 1_000, 2, 0.01),
+            index_upkeep=IndexUpkeepSettings(max_segments=1),
+        )
         assert not done.errors, done.errors
         self.collected, self.unmerged = True, False
         event(f"maintain merged {len(done.results['merge'].generations) > 0}")
+        event(f"maintain compacted {done.results['compact'].compacted}")
+
+    @precondition(lambda self: not self.indexed)
+    @rule()
+    def create_base_index(self) -> None:
+        """A BTREE index on the key, which index catch-up then keeps up with merges and compactions."""
+        lance.dataset(self.uri, storage_options=self.options).create_scalar_index("id", "BTREE")
+        self.indexed = True
+
+    @rule(settings=COMPACTIONS, merge_first=st.booleans())
+    def compact(self, settings: CompactionSettings, merge_first: bool) -> None:
+        """`table.compact` by another table object while the writer (if any) is live, maybe right after
+        a merge (new small fragments, deletion files in older ones)."""
+        jobs = mw.open_table(self.uri, self.options)
+        if merge_first:
+            jobs.merge()
+        done = jobs.compact(settings)
+        assert done.compacted or not done.debt.mostly_deleted
+        assert not debt(lance.dataset(self.uri, storage_options=self.options), settings).mostly_deleted
+        event(f"compact rewrote fragments: {done.compacted}")
+
+    @rule(upkeep=UPKEEPS, merge_first=st.booleans())
+    def index_upkeep(self, upkeep: IndexUpkeepSettings, merge_first: bool) -> None:
+        """Index catch-up bounded by `upkeep`, by another table object."""
+        jobs = mw.open_table(self.uri, self.options)
+        if merge_first:
+            jobs.merge()
+        done = jobs.catch_up_indexes(upkeep=upkeep)
+        assert all(i.covers_latest for i in done.indexes), done
+        event(f"index upkeep merged segments: {any(i.merged_segments for i in done.indexes)}")
 
     # ------------------------------------------------------------------ invariants
 

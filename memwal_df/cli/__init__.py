@@ -1,7 +1,7 @@
 """The `memwal` command line: `memwal COMMAND --help` describes each command.
 
 Commands: create, ingest, delete, sql (a shell without a query), explain, status, merge, build-index,
-gc, recover, repair, maintain, bench. Errors print one line on stderr and exit with a code of `Exit`
+compact, gc, recover, repair, maintain, bench. Errors print one line on stderr and exit with a code of `Exit`
 (docs/operations.md): 2 bad arguments or data, 3 no such table or file, 4 lost a race or fenced
 (retry), 5 storage failure, 6 SQL error, 1 anything else; 130 on Ctrl-C.
 """

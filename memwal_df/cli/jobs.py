@@ -1,5 +1,5 @@
-"""The background jobs as commands: `merge`, `build-index`, `gc`, `recover`, `repair` and the
-`maintain` loop (`python -m memwal_df maintain` runs the same code). Each prints what it did
+"""The background jobs as commands: `merge`, `build-index`, `compact`, `gc`, `recover`, `repair` and
+the `maintain` loop (`python -m memwal_df maintain` runs the same code). Each prints what it did
 (`--json`: the job's result object as data)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,8 +17,13 @@ from typing import Any
 from memwal_df.cli import common as c
 from memwal_df.errors import CorruptRegionsError, InvalidArgumentError
 from memwal_df.format.layout import parse_region_id
+from memwal_df.jobs import compaction as _compaction
 from memwal_df.jobs import garbage as _gc
+from memwal_df.jobs import health as _health
 from memwal_df.jobs import maintain as _maintain
+from memwal_df.jobs import merger
+from memwal_df.jobs.compaction import CompactionSettings
+from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +36,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--region", action="append", help="only this region id (repeat)")
     m.add_argument("--max-generations", type=int, help="at most this many generations per region")
     m.add_argument("--parallel", action="store_true", help="merge regions in parallel threads")
+    m.add_argument(
+        "--generations-per-commit",
+        type=int,
+        default=merger.GENERATIONS_PER_COMMIT,
+        help="consecutive generations of a region merged in one commit (default %(default)s)",
+    )
     c.add_json(m)
-    m.set_defaults(run=_job(lambda t, a: t.merge(a.region, a.max_generations, a.parallel), _merge_text))
+    m.set_defaults(
+        run=_job(
+            lambda t, a: t.merge(a.region, a.max_generations, a.parallel, a.generations_per_commit),
+            _merge_text,
+        )
+    )
 
     b = sub.add_parser(
         "build-index",
@@ -42,6 +59,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_table(b)
     c.add_json(b)
     b.set_defaults(run=_job(lambda t, a: t.build_index(), _build_text))
+
+    k = sub.add_parser(
+        "compact",
+        help="rewrite the base table's small and mostly deleted fragments",
+        description="Measure the base table's compaction debt (small fragments, fragments with many "
+        "deleted rows) and, when it passes the thresholds, rewrite those fragments only into "
+        "fragments of up to --target-rows-per-fragment rows, dropping deleted rows. The MemWAL index "
+        "and index catch-up are kept; indexes are remapped in the same commit. Prints the debt found "
+        "and what was rewritten.",
+    )
+    c.add_table(k)
+    _compaction_args(k)
+    c.add_json(k)
+    k.set_defaults(run=_job(lambda t, a: t.compact(_compaction_settings(a)), _compact_text, _compact_data))
 
     g = sub.add_parser(
         "gc",
@@ -96,13 +127,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_maintain(sub)
 
 
+def _run_merge(table: Any, a: argparse.Namespace) -> Any:
+    return table.merge(a.region, a.max_generations, a.parallel, a.generations_per_commit)
+
+
 def add_maintain(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "maintain",
-        help="run merge, index build, index catch-up and GC in a loop",
-        description="Run merge, MemWAL index build, index catch-up and GC every --interval seconds until "
-        "interrupted (SIGINT/SIGTERM finish the current round, then exit). Exit code 1 when the last "
-        "round had a failed job.",
+        help="run merge, index build, index catch-up, compaction and GC in a loop",
+        description="Run merge, MemWAL index build, index catch-up, base compaction, version cleanup "
+        "and GC every --interval seconds until interrupted (SIGINT/SIGTERM finish the current round, "
+        "then exit). Each failed job is printed on stderr (also with --quiet) and recorded for "
+        "`memwal status`. Exit code 1 when the last round had a failed job.",
     )
     c.add_table(p)
     p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds (default 60)")
@@ -115,7 +151,23 @@ def add_maintain(sub: argparse._SubParsersAction) -> None:
         help="remove base versions older than this many seconds each round (default %(default).0f)",
     )
     p.add_argument("--keep-versions", type=int, default=None, help="but always keep this many newest")
-    p.add_argument("--quiet", action="store_true", help="log warnings only")
+    p.add_argument("--no-compact", action="store_true", help="never compact the base table")
+    _compaction_args(p)
+    upkeep = IndexUpkeepSettings()
+    p.add_argument(
+        "--max-index-segments",
+        type=int,
+        default=upkeep.max_segments,
+        help="merge an index's segments into one when it would have more (default %(default)s)",
+    )
+    p.add_argument(
+        "--retrain-share",
+        type=float,
+        default=upkeep.retrain_share,
+        help="retrain a vector index once the rows added since its training pass this share of the "
+        "rows it was trained on (default %(default)s)",
+    )
+    p.add_argument("--quiet", action="store_true", help="log warnings only (failed jobs are still printed)")
     c.add_json(p)
     p.set_defaults(run=run_maintain)
 
@@ -123,6 +175,26 @@ def add_maintain(sub: argparse._SubParsersAction) -> None:
 def _grace(p: argparse.ArgumentParser) -> None:
     default = _gc.DEFAULT_GRACE.total_seconds()
     p.add_argument("--grace", type=float, default=default, help=f"GC grace period in seconds ({default:.0f})")
+
+
+_COMPACTION_FLAGS = (  # (setting, type, help)
+    ("target_rows_per_fragment", int, "rows per rewritten fragment"),
+    ("small_fragment_rows", int, "a fragment with fewer rows is small"),
+    ("min_small_fragments", int, "compact once this many fragments are small"),
+    ("max_deleted_share", float, "rewrite a fragment once this share of its rows is deleted"),
+)
+
+
+def _compaction_args(p: argparse.ArgumentParser) -> None:
+    for name, kind, text in _COMPACTION_FLAGS:
+        default = getattr(_compaction.DEFAULT_SETTINGS, name)
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default %(default)s)")
+
+
+def _compaction_settings(args: argparse.Namespace) -> CompactionSettings:
+    """The settings of the compaction flags (`InvalidConfigError`, exit code 2, for bad ones)."""
+    return CompactionSettings(**{name: getattr(args, name) for name, _, _ in _COMPACTION_FLAGS})
 
 
 def _job(
@@ -211,6 +283,26 @@ def _gc_text(r: Any) -> str:
     )
 
 
+def _compact_data(r: _compaction.CompactionResult) -> dict[str, Any]:
+    debt = {**c.plain(r.debt), "deleted_share": r.debt.deleted_share}
+    return {**c.plain(r), "debt": debt, "compacted": r.compacted}
+
+
+def _compact_text(r: _compaction.CompactionResult) -> str:
+    d = r.debt
+    found = (
+        f"debt: {c.count(d.fragments, 'fragment')} ({d.with_deletions:,} with deletion files, "
+        f"{d.deleted_share:.1%} of rows deleted), {c.count(len(d.small), 'small fragment')}, "
+        f"{len(d.mostly_deleted):,} mostly deleted: {'due' if d.due else 'not due'}"
+    )
+    if not r.compacted:
+        return f"{found}\nnothing rewritten; base version {r.version}"
+    return (
+        f"{found}\nrewrote {c.count(r.fragments_removed, 'fragment')} into {r.fragments_added:,} "
+        f"({c.count(r.files_removed, 'data file')} into {r.files_added:,}); base version {r.version}"
+    )
+
+
 def _recover_text(recovered: list[Any]) -> str:
     return f"recovered {c.count(len(recovered), 'region')}" + "".join(f"\n  {x}" for x in recovered)
 
@@ -220,6 +312,8 @@ def run_maintain(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("need --interval >= 0, --grace >= 0 and --rounds >= 1")
     if args.version_retention < 0 or (args.keep_versions is not None and args.keep_versions < 1):
         raise InvalidArgumentError("need --version-retention >= 0 and --keep-versions >= 1")
+    compact = None if args.no_compact else _compaction_settings(args)
+    upkeep = IndexUpkeepSettings(max_segments=args.max_index_segments, retrain_share=args.retrain_share)
     level = logging.WARNING if args.quiet or args.json else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     table = c.table_of(args)
@@ -229,19 +323,23 @@ def run_maintain(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             handlers[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        rounds = table.maintain(
+        rounds = _maintain.maintain(
+            table,
             interval=args.interval,
             stop=stop,
             max_rounds=args.rounds,
             grace=timedelta(seconds=args.grace),
             version_retention=timedelta(seconds=args.version_retention),
             keep_versions=args.keep_versions,
+            compact=compact,
+            index_upkeep=upkeep,
+            on_round=_print_failures,
         )
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     summary = [
-        {"round": r.number, "jobs": sorted(r.results), "errors": {k: str(v) for k, v in r.errors.items()}}
+        {"round": r.number, "jobs": sorted({*r.results, *r.errors}), "errors": _errors_data(r.errors)}
         for r in rounds
     ]
     failed = {k for r in rounds for k in r.errors}
@@ -261,3 +359,19 @@ def run_maintain(args: argparse.Namespace) -> int:
         ),
     )
     return c.Exit.FAILED if rounds and rounds[-1].errors else c.Exit.OK
+
+
+def _errors_data(errors: Mapping[str, BaseException]) -> dict[str, dict[str, str]]:
+    """Each failed job's error type and message (on one line), by job name."""
+    return {
+        job: {"error_type": type(e).__name__, "message": _health.one_line(e)}
+        for job, e in sorted(errors.items())
+    }
+
+
+def _print_failures(done: _maintain.Round) -> None:
+    """One line on stderr per failed job of the round (whatever the log level)."""
+    for job, e in sorted(done.errors.items()):
+        print(
+            f"round {done.number}: {job} failed: {type(e).__name__}: {_health.one_line(e)}", file=sys.stderr
+        )

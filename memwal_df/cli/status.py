@@ -1,5 +1,7 @@
-"""`memwal status`: regions, writer epochs, generations, merge and index catch-up progress, and the
-registered change-feed consumers (how far behind each is, whether it still pins garbage collection)."""
+"""`memwal status`: the base table's health (fragments, deletion files, compaction debt, index
+segments and coverage, the maintain loop's last error per job), regions, writer epochs, generations,
+merge and index catch-up progress, and the registered change-feed consumers (how far behind each is,
+whether it still pins garbage collection). Exits with code 1 when a region is corrupt."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ from memwal_df.table import RegionStatus, Table
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "status",
-        help="show regions, epochs, generations, merge and index catch-up progress",
-        description="Regions (one row each), their writer epoch, flushed and merged generations, WAL "
-        "positions and, per maintained base index, the generation its catch-up covers; then each "
-        "region whose manifest or unreplayed WAL entry cannot be decoded (file and error); then the "
-        "registered change-feed consumers.",
+        help="show health, regions, epochs, generations, merge and index catch-up progress",
+        description="The base table's health (fragments, deletion files, compaction debt, each base "
+        "index's segments and coverage, the maintain loop's last error per job); regions (one row "
+        "each), their writer epoch, flushed and merged generations, WAL positions and, per maintained "
+        "base index, the generation its catch-up covers; then each region whose manifest or "
+        "unreplayed WAL entry cannot be decoded (file and error; exit code 1); then the registered "
+        "change-feed consumers.",
     )
     c.add_table(p)
     p.add_argument(
@@ -75,7 +79,7 @@ def _consumers(table: Table, regions: list[RegionStatus]) -> list[dict[str, Any]
 def run(args: argparse.Namespace) -> int:
     info = collect(c.table_of(args), check_wal=not args.no_wal_check)
     c.emit(args, info, lambda: text(info))
-    return c.Exit.OK
+    return c.Exit.FAILED if info["corrupt_regions"] else c.Exit.OK
 
 
 def text(info: dict[str, Any]) -> str:
@@ -90,6 +94,7 @@ def text(info: dict[str, Any]) -> str:
         f"indexes      {', '.join(indexes) or 'none'} (maintained: "
         f"{maintained if maintained == 'all' else ', '.join(maintained) or 'none'})",
     ]
+    head += health_text(info["health"])
     regions = info["regions"]
     corrupt = _corrupt_text(info)
     if not regions:
@@ -116,6 +121,47 @@ def text(info: dict[str, Any]) -> str:
     unmerged = sum(len(r["unmerged_generations"]) for r in regions)
     foot = f"{c.count(len(regions), 'region')}, {c.count(unmerged, 'flushed generation')} not merged yet"
     return "\n".join([*head, "", c.text_table(headers, rows), "", foot, *corrupt, *_consumers_text(info)])
+
+
+def health_text(health: dict[str, Any]) -> list[str]:
+    """The health block: fragments, compaction debt, one line per base index, the job errors."""
+    share = f"{health['deleted_share']:.1%}"
+    lines = [
+        f"fragments    {c.count(health['fragments'], 'fragment')}, "
+        f"{health['fragments_with_deletions']:,} with deletion files, {share} of rows deleted",
+    ]
+    k = health["compaction"]
+    lines.append(
+        f"compaction   {'due' if k['due'] else 'not due'}: {c.count(k['small_fragments'], 'small fragment')} "
+        f"(< {k['small_fragment_rows']:,} rows; due at {k['min_small_fragments']:,}), "
+        f"{k['mostly_deleted_fragments']:,} mostly deleted (>= {k['max_deleted_share']:.0%} of rows)"
+    )
+    for i in health["indexes"]:
+        kind = i["index_type"] + (", maintained" if i["maintained"] else "")
+        line = (
+            f"index        {i['name']} ({kind}): {c.count(i['segments'], 'segment')}, "
+            f"{i['rows_indexed']:,} of {c.count(i['base_rows'], 'row')} indexed"
+        )
+        if i["unindexed_fragments"]:
+            missing = c.count(i["unindexed_fragments"], "fragment")
+            line += f"; {missing} ({c.count(i['unindexed_rows'], 'row')}) not covered"
+        lines.append(line)
+    errors = health["job_errors"]
+    if not errors:
+        lines.append("job errors   none recorded by memwal maintain")
+    for n, (job, e) in enumerate(sorted(errors.items())):
+        label = "job errors   " if n == 0 else " " * 13
+        failed = f"{_utc(e['failed_at'])}, round {e['round']}: {e['error_type']}: {e['message']}"
+        if e["resolved_at"] is None:
+            streak = f" ({e['failures']} rounds in a row)" if e["failures"] > 1 else ""
+            lines.append(f"{label}{job}: FAILING{streak}; last failure {failed}")
+        else:
+            lines.append(f"{label}{job}: resolved {_utc(e['resolved_at'])}; last failure {failed}")
+    return lines
+
+
+def _utc(seconds: float) -> str:
+    return f"{datetime.datetime.fromtimestamp(seconds, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _consumers_text(info: dict[str, Any]) -> list[str]:

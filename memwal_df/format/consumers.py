@@ -10,7 +10,12 @@ A consumer record (`{consumer_id}.json`, written with one atomic put) holds a co
 offsets, when it committed them and its expiry. While `committed_at` is less than `expiry` ago, the
 record *pins* its regions: garbage collection keeps every generation at or above the one its offsets
 name (`pinned_floors`). A consumer that stops committing stops pinning once its expiry passes, so GC
-is never blocked for ever; its record stays until `remove_consumer`.
+is never blocked for ever. Its record stays (its next read tells it what it lost: `ChangesExpiredError`)
+until `remove_consumer`, or until GC removes it (`remove_stale`) once it stopped pinning more than the
+record retention ago (`DEFAULT_RECORD_RETENTION`, 30 days). GC leaves an empty `{id}.expired` marker
+in its place (listed, never read), so the consumer's next read raises `ConsumerExpiredError` instead of
+starting over from the earliest change with a silent gap; registering the id again (or
+`remove_consumer`) clears the marker.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ FIRST: Position = (1, 0)
 """Where a region's changes start: generation numbers start at 1."""
 
 DEFAULT_EXPIRY = timedelta(days=7)
+DEFAULT_RECORD_RETENTION = timedelta(days=30)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -101,6 +107,11 @@ class Consumer:
     def pins(self, now: float) -> bool:
         """Whether GC keeps what the consumer has not read: it committed less than `expiry` ago."""
         return now - self.committed_at < self.expiry.total_seconds()
+
+    def stale(self, now: float, retention: timedelta) -> bool:
+        """Whether the consumer stopped pinning more than `retention` ago: it committed more than
+        `expiry + retention` ago, so GC may remove its record (`remove_stale`)."""
+        return now - self.committed_at > (self.expiry + retention).total_seconds()
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -172,8 +183,39 @@ def commit_offsets(
     return consumer
 
 
+def expired(storage: Storage, consumer_id: str) -> bool:
+    """Whether GC removed `consumer_id`'s record as stale (and nobody registered the id since)."""
+    return storage.exists(layout.expired_consumer_path(check_consumer_id(consumer_id)))
+
+
+def clear_expired(storage: Storage, consumer_id: str) -> None:
+    """Forget that `consumer_id` expired (it is registered again, or removed)."""
+    storage.delete(layout.expired_consumer_path(check_consumer_id(consumer_id)))
+
+
 def remove_consumer(storage: Storage, consumer_id: str) -> None:
     storage.delete(layout.consumer_path(check_consumer_id(consumer_id)))
+    clear_expired(storage, consumer_id)
+
+
+def remove_stale(storage: Storage, found: Iterable[Consumer], retention: timedelta, now: float) -> list[str]:
+    """Delete the records among `found` (`list_consumers`) that are `Consumer.stale` at `now`, each
+    read again first so that a consumer that committed meanwhile keeps its record; their ids."""
+    if retention < timedelta(0):
+        raise InvalidConfigError(f"the consumer record retention must not be negative, got {retention}")
+    removed = []
+    for consumer in found:
+        if not consumer.stale(now, retention):
+            continue
+        try:
+            again = read_consumer(storage, consumer.consumer_id)
+        except InvalidConfigError:
+            continue  # overwritten with a record this version cannot read: keep it
+        if again is not None and again.stale(now, retention):
+            storage.put(layout.expired_consumer_path(consumer.consumer_id), b"")
+            storage.delete(layout.consumer_path(consumer.consumer_id))
+            removed.append(consumer.consumer_id)
+    return removed
 
 
 def list_consumers(storage: Storage) -> list[Consumer]:

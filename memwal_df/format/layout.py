@@ -89,6 +89,11 @@ def consumer_path(consumer_id: str) -> str:
     return f"{CONSUMER_DIR}/{consumer_id}.json"
 
 
+def expired_consumer_path(consumer_id: str) -> str:
+    """The empty marker GC leaves in place of a stale consumer record it removed."""
+    return f"{CONSUMER_DIR}/{consumer_id}.expired"
+
+
 def manifest_path(region_id: uuid.UUID | str, version: int) -> str:
     return f"{region_dir(region_id)}/{MANIFEST_DIR}/{bitrev64_name(version, 'binpb')}"
 

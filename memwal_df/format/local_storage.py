@@ -291,6 +291,26 @@ class LocalStorage(Storage):
         names.sort()
         return names
 
+    def temp_files(self, prefix: str) -> builtins.list[tuple[str, float]]:
+        """(path, modification time) of each temp file directly under `prefix`: a write in flight,
+        or one a crash interrupted (listings hide them; `delete` removes one by its path)."""
+        rel = check_prefix(prefix)
+        found = []
+        try:
+            with os.scandir(self._dir_of(prefix)) as it:
+                for entry in it:
+                    if _is_temp(entry.name):
+                        try:
+                            mtime = entry.stat(follow_symlinks=False).st_mtime
+                        except FileNotFoundError:
+                            continue  # its write finished meanwhile
+                        found.append((f"{rel}/{entry.name}" if rel else entry.name, mtime))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise self._error("list_dir", prefix, e) from e
+        return sorted(found)
+
     # -- deletes -------------------------------------------------------------------------------
 
     def delete(self, path: str) -> None:

@@ -7,21 +7,36 @@ starts a batch only after the previous one committed, so "batch `b` is committed
 recorded batch is `>= b`": `prune` may therefore delete all but the newest records of a query without
 changing any answer, which keeps a query's directory at a few files.
 
-Body: `{"batch", "committed_ms", "rows", "regions"}` (rows written, regions touched), for people
-looking at the table; only the file names are read back.
+Body: `{"batch", "committed_ms", "rows", "regions"}` (rows written, regions touched). Whether a
+batch is committed is read from the file names only; `committed_ms` of a query's newest record
+tells garbage collection when the query last committed.
+
+**Retention** (`remove_stopped`, run by `memwal_df.jobs.garbage.gc`): a query whose newest record
+was committed more than the retention ago (`DEFAULT_RETENTION`, 7 days) counts as stopped, and all
+its records are deleted, as Kafka drops a consumer group's offsets after its retention. Exactly-once
+then holds only for queries restarted within the retention: a query restarted from its checkpoint
+after it lost its records no longer skips the one batch its driver may have committed to the table
+but not to the checkpoint (it died in between) — that batch is applied again when Spark replays it
+(idempotent upserts and deletes, but it can overwrite what other writers wrote to those keys since).
+A query that restarts while GC removes its records is in the same position.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
+from datetime import timedelta
 
-from memwal_df.errors import InvalidArgumentError
+from memwal_df.errors import InvalidArgumentError, NotFoundError
 from memwal_df.format import layout
 from memwal_df.format.storage import CREATED, Storage
 
+log = logging.getLogger(__name__)
+
 _SUFFIX = ".json"
+DEFAULT_RETENTION = timedelta(days=7)
 
 
 def query_id(value: object) -> str:
@@ -72,3 +87,47 @@ def prune(storage: Storage, query: str, keep: int) -> list[int]:
     for batch in old:
         storage.delete(_path(query, batch))
     return old
+
+
+def queries(storage: Storage) -> list[str]:
+    """The streaming queries that have records, by id (directory names that are not query ids are
+    left out)."""
+    found = []
+    for name in storage.list_dir(layout.STREAMS_DIR):
+        try:
+            found.append(query_id(name))
+        except InvalidArgumentError:
+            continue
+    return found
+
+
+def last_committed_at(storage: Storage, query: str) -> float | None:
+    """When (unix seconds) the newest recorded batch of `query` was committed: its `committed_ms`.
+    None if `query` has no record or its newest record cannot be decoded (it is then kept)."""
+    while True:
+        found = batches(storage, query)
+        if not found:
+            return None
+        path = _path(query, found[-1])
+        try:
+            body = json.loads(storage.get(path))
+            return int(body["committed_ms"]) / 1000
+        except NotFoundError:
+            continue  # pruned by the running query meanwhile: it committed a newer batch
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("stream commit record %s ignored: %s", path, e)
+            return None
+
+
+def remove_stopped(storage: Storage, retention: timedelta, now: float) -> list[str]:
+    """Delete every record of each query whose newest batch was committed more than `retention`
+    before `now` (unix seconds); the ids of those queries. See "Retention" in the module docstring."""
+    if retention < timedelta(0):
+        raise InvalidArgumentError(f"the stream commit retention must not be negative, got {retention}")
+    removed = []
+    for query in queries(storage):
+        last = last_committed_at(storage, query)
+        if last is not None and last < now - retention.total_seconds():
+            storage.delete_prefix(layout.stream_dir(query))
+            removed.append(query)
+    return removed

@@ -3,7 +3,9 @@
 `catch_up_indexes(table)`, for every maintained index on the base table (all of them when the MemWAL
 index says `maintain_all_indexes`, else `maintained_indexes` that exist):
 1. **rebuilds** it with Lance's `optimize_indices` when the latest base version has fragments its
-   `fragment_bitmap`s (the union over the index's segments) do not cover. Lance 14 records
+   `fragment_bitmap`s (the union over the index's segments) do not cover, or when it has more
+   segments than upkeep allows; `memwal_df.jobs.index_upkeep` decides whether that optimize adds a
+   delta segment, merges the segments into one or retrains a vector index. Lance 14 records
    `index_catchup` by itself in that commit: the `compacted_sstables` of the version the index was
    built from, never more (a build that Lance rebases over a later merge claims only the older one);
 2. **records what is missing**: at the latest base version `V`, an index whose bitmaps cover every
@@ -33,7 +35,8 @@ import lance.commit
 from memwal_df.errors import CommitConflictError
 from memwal_df.format import memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.jobs import merger
+from memwal_df.jobs import index_upkeep, merger
+from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 
 if TYPE_CHECKING:
     from memwal_df.format.table_handle import TableHandle
@@ -51,6 +54,8 @@ class IndexCatchUp:
     caught_up: dict[uuid.UUID, int]  # region -> catch-up recorded afterwards
     raised: dict[uuid.UUID, int] = field(default_factory=dict)  # regions this call raised, new values
     unverified: tuple[uuid.UUID, ...] = ()  # regions whose recorded catch-up exceeds the verified claim
+    merged_segments: bool = False  # the rebuild merged the index's segments into one
+    retrained: bool = False  # the rebuild retrained the (vector) index
 
 
 @dataclass(frozen=True)
@@ -76,27 +81,61 @@ def coverage(ds: lance.LanceDataset) -> dict[str, set[int]]:
     return {d.name: {f for s in d.segments for f in (s.fragment_ids or ())} for d in ds.describe_indices()}
 
 
-def catch_up_indexes(table: TableHandle, rebuild: bool = True) -> CatchUpResult:
-    """Rebuild lagging maintained indexes (`rebuild`) and record their catch-up; see the module
-    docstring. Raises `CommitConflictError` when a commit loses a race (run it again)."""
+def catch_up_indexes(
+    table: TableHandle, rebuild: bool = True, upkeep: IndexUpkeepSettings | None = None
+) -> CatchUpResult:
+    """Rebuild lagging maintained indexes (`rebuild`, bounded by `upkeep`) and record their
+    catch-up; see the module docstring. Raises `CommitConflictError` when a commit loses a race
+    (run it again)."""
     options = table.storage_options or None
     ds = lance.dataset(table.uri, storage_options=options)
     found = memwal_index.read_details(table.uri, options, ds.version)
     names = maintained_index_names(found[0], set(coverage(ds))) if found else set()
-    rebuilt = set()
-    if rebuild:
-        frags = _fragment_ids(ds)
-        for name in sorted(names):
-            if not frags <= coverage(ds).get(name, set()):
-                _optimize(ds, name)
-                rebuilt.add(name)
-                ds = lance.dataset(table.uri, storage_options=options)
+    rebuilt: dict[str, index_upkeep.Plan] = {}
+    if rebuild and names:
+        ds = _rebuild(table, ds, names, upkeep or IndexUpkeepSettings(), rebuilt)
     result = _record(table, ds, names, rebuilt)
     table.refresh()
     return result
 
 
-def _record(table: TableHandle, ds: lance.LanceDataset, names: set[str], rebuilt: set[str]) -> CatchUpResult:
+def _rebuild(
+    table: TableHandle,
+    ds: lance.LanceDataset,
+    names: set[str],
+    upkeep: IndexUpkeepSettings,
+    rebuilt: dict[str, index_upkeep.Plan],
+) -> lance.LanceDataset:
+    """Optimize each index of `names` that lacks fragments of `ds` or has too many segments; the
+    latest dataset afterwards. What each optimize did goes into `rebuilt`."""
+    options = table.storage_options or None
+    rows = {f.fragment_id: f.metadata.num_rows for f in ds.get_fragments()}
+    records = index_upkeep.read_records(table.storage)
+    changed = False
+    for name in sorted(names):
+        described = {d.name: d for d in ds.describe_indices()}
+        description = described[name]
+        covered = {f for s in description.segments for f in (s.fragment_ids or ())}
+        new_rows = sum(n for f, n in rows.items() if f not in covered)
+        record = records.get(name, {})
+        plan = index_upkeep.plan(description, new_rows, record, upkeep)
+        if not (set(rows) - covered) and not plan.merges_segments:
+            continue
+        _optimize(ds, name, plan.kwargs)
+        rebuilt[name] = plan
+        ds = lance.dataset(table.uri, storage_options=options)
+        after = {d.name: d for d in ds.describe_indices()}.get(name)
+        rows_after = after.num_rows_indexed if after is not None else 0
+        records[name] = index_upkeep.updated(record, description, new_rows, plan, rows_after)
+        changed = True
+    if changed:
+        index_upkeep.write_records(table.storage, records)
+    return ds
+
+
+def _record(
+    table: TableHandle, ds: lance.LanceDataset, names: set[str], rebuilt: dict[str, index_upkeep.Plan]
+) -> CatchUpResult:
     """Raise the recorded catch-up of `names` to what `ds` (the latest version) verifies."""
     version = ds.version
     found = memwal_index.read_details(table.uri, table.storage_options or None, version)
@@ -115,7 +154,19 @@ def _record(table: TableHandle, ds: lance.LanceDataset, names: set[str], rebuilt
         unverified = tuple(sorted(r for r, g in old.items() if full and g > verified.get(r, 0)))
         if unverified:
             log.warning("index %s: recorded catch-up above its coverage for regions %s", name, unverified)
-        out.append(IndexCatchUp(name, name in rebuilt, full, {**old, **raised}, raised, unverified))
+        plan = rebuilt.get(name)
+        out.append(
+            IndexCatchUp(
+                name,
+                plan is not None,
+                full,
+                {**old, **raised},
+                raised,
+                unverified,
+                merged_segments=plan is not None and plan.merges_segments,
+                retrained=plan is not None and plan.retrains,
+            )
+        )
     if any(v.raised for v in out):
         new = pb.MemWalIndexDetails()
         new.CopyFrom(details)
@@ -141,9 +192,9 @@ def _fragment_ids(ds: lance.LanceDataset) -> set[int]:
     return {f.fragment_id for f in ds.get_fragments()}
 
 
-def _optimize(ds: lance.LanceDataset, name: str) -> None:
+def _optimize(ds: lance.LanceDataset, name: str, kwargs: dict[str, object]) -> None:
     try:
-        ds.optimize.optimize_indices(index_names=[name])
+        ds.optimize.optimize_indices(index_names=[name], **kwargs)
     except lance.commit.CommitConflictError as e:
         raise CommitConflictError(f"rebuilding index {name} lost a commit race: {e}") from e
     except OSError as e:

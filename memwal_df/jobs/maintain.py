@@ -1,8 +1,10 @@
-"""The background-job loop: merge, MemWAL index build, base index catch-up, base version cleanup and GC,
-round after round.
+"""The background-job loop: merge, MemWAL index build, base index catch-up (with index upkeep), base
+compaction, base version cleanup and GC, round after round.
 
 `maintain(table, interval=...)` runs the jobs in that order every `interval` seconds until `stop` is
-set or `max_rounds` rounds ran. Version cleanup is the table's time-travel retention: base versions
+set or `max_rounds` rounds ran. Compaction runs after catch-up so that the fragments it rewrites are
+indexed alike (Lance compacts fragments of the same index coverage only) and before version cleanup,
+which then frees the files it replaced. Version cleanup is the table's time-travel retention: base versions
 older than `version_retention` go, except the newest `keep_versions` and tagged ones (Lance's
 `cleanup_old_versions`, never `delete_unverified`, which would delete the files of a merge still
 being written), so that GC, which keeps every generation a retained version reads, can free merged
@@ -12,7 +14,9 @@ A job that raises is logged (`CommitConflictError`, a lost race with another job
 WARNING; `CorruptRegionsError`, a job done on every region but the corrupt ones it names, at ERROR
 with its result kept; anything else with its traceback at ERROR) and simply runs again next round:
 every job is safe to repeat and to race (see their modules). Each round's results and errors are kept in a
-`Round`; the newest `history` rounds are returned.
+`Round`; the newest `history` rounds are returned. After each round the failures are recorded, and
+the jobs that succeeded again marked resolved, in the table's job error record
+(`memwal_df.jobs.health`, read by `table.status()`); a failure to record is logged, never raised.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import lance
 from lance import CleanupStats
 
 from memwal_df.errors import CommitConflictError, CorruptRegionsError, InvalidConfigError
-from memwal_df.jobs import garbage, index_builder, index_catchup, merger
+from memwal_df.jobs import compaction, garbage, health, index_builder, index_catchup, merger
+from memwal_df.jobs.compaction import CompactionSettings
+from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 
 if TYPE_CHECKING:
     from memwal_df.format.table_handle import TableHandle
@@ -60,10 +66,15 @@ def maintain(
     version_retention: timedelta | None = DEFAULT_VERSION_RETENTION,
     keep_versions: int | None = None,
     history: int = 100,
+    compact: CompactionSettings | None = compaction.DEFAULT_SETTINGS,
+    index_upkeep: IndexUpkeepSettings | None = None,
+    on_round: Callable[[Round], None] | None = None,
 ) -> list[Round]:
     """Run the background jobs until `stop` is set or after `max_rounds` rounds; the newest
     `history` rounds, oldest first. `version_retention=None` keeps every base version (and so every
-    generation a version reads). Raises `InvalidConfigError` for a bad argument."""
+    generation a version reads); `compact=None` leaves the base uncompacted; `index_upkeep`: the
+    bounds of index catch-up's optimizes (default `IndexUpkeepSettings()`); `on_round` is called
+    with each round once it is recorded. Raises `InvalidConfigError` for a bad argument."""
     if interval < 0 or (max_rounds is not None and max_rounds < 1) or history < 1:
         raise InvalidConfigError(
             f"need interval >= 0, max_rounds >= 1, history >= 1; got {interval}, {max_rounds}, {history}"
@@ -76,8 +87,10 @@ def maintain(
     jobs: dict[str, Callable[[], Any]] = {
         "merge": lambda: merger.merge(table),
         "build_index": lambda: index_builder.build_index(table),
-        "catch_up_indexes": lambda: index_catchup.catch_up_indexes(table),
+        "catch_up_indexes": lambda: index_catchup.catch_up_indexes(table, upkeep=index_upkeep),
     }
+    if compact is not None:
+        jobs["compact"] = lambda: compaction.compact(table, compact)
     if version_retention is not None:
         jobs["cleanup_versions"] = lambda: cleanup_versions(table, version_retention, keep_versions)
     jobs["gc"] = lambda: garbage.gc(table, grace=grace)
@@ -85,7 +98,11 @@ def maintain(
     number = 0
     while not stop.is_set():
         number += 1
-        rounds.append(run_round(number, jobs))
+        done = run_round(number, jobs)
+        health.record_round(table.storage, number, [*done.results, *done.errors], done.errors)
+        rounds.append(done)
+        if on_round is not None:
+            on_round(done)
         if max_rounds is not None and number >= max_rounds:
             break
         stop.wait(interval)
@@ -133,7 +150,7 @@ def run_round(number: int, jobs: dict[str, Callable[[], Any]]) -> Round:
 
 
 def _summary(result: Any) -> str:
-    for attr in ("generations", "caught_up", "removed", "version"):
+    for attr in ("generations", "caught_up", "compacted", "removed", "version"):
         if hasattr(result, attr):
             return f"{attr}={getattr(result, attr)}"
     return repr(result)

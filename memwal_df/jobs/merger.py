@@ -1,12 +1,18 @@
 """The merger (spec "MemTable merger" and appendix 2): flushed generations into the base table.
 
 `merge(table)` merges, per region, every flushed generation above the region's merged generation in
-ascending order. One generation is at most two Lance commits:
+ascending order, in runs of up to `generations_per_commit` consecutive generations (with the same
+columns). A run is the newest row of each key among its generations, and at most two Lance commits:
 
 1. its tombstones, as `merge_insert(pk).when_matched_delete()` with no conflict retries (Lance 14
    cannot put a delete and an upsert into one commit, and the merge marker can be set only once);
 2. its live rows, as `merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()` with
-   `mark_sstables_as_compacted([(region, generation)])`: the data and the progress commit atomically.
+   `mark_sstables_as_compacted([(region, last generation of the run)])`: the data and the progress
+   commit atomically (Lance accepts any marker above the recorded one).
+
+A merger that is behind so adds one fragment per run instead of one per generation, and the base sees
+the run's net effect: a key put and deleted again within the run is deleted, one deleted and put
+again is upserted.
 
 Guarantees:
 - Merge progress never goes backwards and no generation is merged twice or after a newer one: each
@@ -18,10 +24,11 @@ Guarantees:
   recorded one) makes a marker commit the first and only one for its generation. The merger takes
   "Stale" as "another merger got there first" and goes on; a lost race pins a new version and checks
   again.
-- A crash after pass 1 leaves the base without rows the unmerged generation deletes anyway (readers
-  see the same rows); the next merge repeats pass 1 (a no-op) and commits pass 2. A crash after pass 2
-  is a completed merge. Pass 1 deletes only rows of `R`, all from generations below this one, so it
-  never deletes a key a later generation re-inserted.
+- A crash after pass 1 leaves the base without rows whose newest version among the unmerged run is a
+  tombstone, which readers hide anyway; the next merge repeats pass 1 (a no-op) and commits pass 2.
+  A crash after pass 2 is a completed merge. Pass 1 deletes only rows of `R`, all from generations
+  below the run, so it never deletes a key a later generation re-inserted. When another merger has
+  merged the first generations of a run meanwhile, the rest are planned again (both passes).
 - Regions merge in parallel threads when `parallel` (their keys are disjoint: Lance rebases the
   commits); the generations of one region always merge one after the other. Off by default: the
   commits of concurrent regions conflict and Lance re-executes them, so on few cores parallel
@@ -30,6 +37,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 import uuid
@@ -56,6 +64,7 @@ from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.jobs.repair import each_region
 from memwal_df.read.cache import described_indices
+from memwal_df.read.keys import last_per_key
 
 if TYPE_CHECKING:
     from memwal_df.format.table_handle import TableHandle
@@ -65,6 +74,7 @@ _BACKOFF = (0.005, 0.5)  # seconds: first and longest cap of the random wait aft
 _STALE_MARKER = "Stale SSTable compaction"
 LOST_RACE = ("Too many concurrent writers", "onflict")  # Lance's messages for a commit conflict
 _PARALLEL_REGIONS = 8
+GENERATIONS_PER_COMMIT = 8  # a merger that is behind merges up to this many generations of a region at once
 
 
 @dataclass(frozen=True)
@@ -110,21 +120,26 @@ def merge(
     regions: Iterable[uuid.UUID | str] | None = None,
     max_generations: int | None = None,
     parallel: bool = False,
+    generations_per_commit: int = GENERATIONS_PER_COMMIT,
 ) -> MergeResult:
     """Merge flushed generations into the base table (see the module docstring).
 
     `regions`: the regions to merge (default: all); `max_generations`: at most this many generations
-    per region, oldest first. Raises `InvalidConfigError` for a bad argument, `MissingGenerationError`
+    per region, oldest first; `generations_per_commit`: consecutive generations of a region merged
+    together, as the newest row of each key among them (one fragment and one commit pair for all).
+    Raises `InvalidConfigError` for a bad argument, `MissingGenerationError`
     when an unmerged generation listed in a region manifest is gone, `CommitConflictError` when a
     generation keeps losing commit races, and, after merging every other region,
     `CorruptRegionsError` (`result`: this `MergeResult`) for regions whose manifest cannot be decoded."""
     if max_generations is not None and max_generations < 1:
         raise InvalidConfigError(f"max_generations must be >= 1, got {max_generations}")
+    if generations_per_commit < 1:
+        raise InvalidConfigError(f"generations_per_commit must be >= 1, got {generations_per_commit}")
     try:
         ids = sorted({uuid.UUID(str(r)) for r in regions}) if regions is not None else table.region_ids()
     except ValueError as e:
         raise InvalidConfigError(f"not a region id: {e}") from e
-    merger = _Merger(table, max_generations)
+    merger = _Merger(table, max_generations, generations_per_commit)
     if parallel and len(ids) > 1:
         with ThreadPoolExecutor(min(len(ids), _PARALLEL_REGIONS), thread_name_prefix="memwal-merge") as pool:
             done, failed = each_region(merger.region, ids, pool.map)
@@ -142,54 +157,73 @@ def _backoff(attempt: int) -> None:
     time.sleep(random.uniform(0, min(_BACKOFF[1], _BACKOFF[0] * 2**attempt)))
 
 
+@dataclass(frozen=True)
+class _Merged:
+    generations: tuple[int, ...]
+    upserted: int
+    deleted: int
+
+
 class _Merger:
-    def __init__(self, table: TableHandle, max_generations: int | None) -> None:
+    def __init__(self, table: TableHandle, max_generations: int | None, per_commit: int = 1) -> None:
         self.storage = table.storage
         self.uri = table.uri
         self.options = table.storage_options or None
         self.pk = list(table.schema.primary_key)
         self.max_generations = max_generations
+        self.per_commit = per_commit
 
     def region(self, region_id: uuid.UUID) -> RegionMerge:
         manifest = RegionManifestStore(self.storage, region_id).latest()
         listed = sorted((s.generation, s.path) for s in manifest.sstables) if manifest is not None else []
         floor = merge_progress(self.storage).get(region_id, 0)
-        todo = [(g, p) for g, p in listed if g > floor][: self.max_generations]
-        merged, skipped, upserted, deleted = [], [], 0, 0
-        for gen, path in todo:
-            counts = self._generation(region_id, gen, layout.generation_path(region_id, path))
-            if counts is None:
-                skipped.append(gen)
-                continue
-            merged.append(gen)
-            upserted += counts[0]
-            deleted += counts[1]
+        todo = [(g, layout.generation_path(region_id, p)) for g, p in listed if g > floor]
+        todo = todo[: self.max_generations]
+        merged: list[int] = []
+        skipped: list[int] = []
+        upserted = deleted = 0
+        while todo:
+            chunk = todo[: self.per_commit]
+            done = self._generations(region_id, chunk)
+            last = chunk[-1][0] if done is None else done.generations[-1]
+            skipped.extend(g for g, _ in chunk if g <= last and (done is None or g not in done.generations))
+            todo = [(g, p) for g, p in todo if g > last]
+            if done is not None:
+                merged.extend(done.generations)
+                upserted += done.upserted
+                deleted += done.deleted
         return RegionMerge(region_id, tuple(merged), tuple(skipped), upserted, deleted)
 
     def _merged(self, region_id: uuid.UUID, gen: int, version: int | None = None) -> bool:
         return merge_progress(self.storage, version).get(region_id, 0) >= gen
 
-    def _generation(self, region_id: uuid.UUID, gen: int, path: str) -> tuple[int, int] | None:
-        """Merge one generation: (rows upserted, tombstones applied), or None if already merged.
+    def _generations(self, region_id: uuid.UUID, chunk: list[tuple[int, str]]) -> _Merged | None:
+        """Merge consecutive generations `chunk` ((generation, path), ascending) of one region in one
+        pair of commits, as the newest row of each key among them; None if all were already merged.
 
-        Each pass commits from a pinned base version at which the generation is still unmerged, with
-        Lance's conflict retries off; a lost race pins the latest version and checks again."""
-        rows: tuple[pa.Table, pa.Table] | None = None
+        Each pass commits from a pinned base version at which the generations it applies are still
+        unmerged, with Lance's conflict retries off; a lost race pins the latest version and checks
+        again (another merger may have merged the first generations of `chunk` meanwhile: the rest
+        are planned again, tombstone pass included)."""
+        rows: dict[int, pa.Table] = {}
+        planned: tuple[int, ...] = ()
+        combined: tuple[pa.Table, pa.Table] | None = None
         deleted = False
         for attempt in range(MAX_ATTEMPTS):
             ds = self._dataset()
-            if self._merged(region_id, gen, ds.version):
+            floor = merge_progress(self.storage, ds.version).get(region_id, 0)
+            pending = [(g, p) for g, p in chunk if g > floor]
+            if not pending:
                 return None
-            if rows is None:
-                try:
-                    rows = self._read(path, ds.schema)
-                except MissingGenerationError:
-                    if self._merged(region_id, gen):  # merged and garbage-collected meanwhile
-                        return None
-                    raise
-            live, dead = rows
+            if pending[0][0] != (planned[0] if planned else None):
+                found = self._combined(region_id, pending, rows, ds.schema)
+                if found is None:
+                    return None  # merged and garbage-collected meanwhile
+                planned, combined, deleted = found[0], found[1:], False
+            assert combined is not None
+            live, dead = combined
             if dead.num_rows and not deleted:
-                # At this version no generation >= gen is merged, so every matched row is older.
+                # At this version no generation of `planned` is merged, so every matched row is older.
                 deleted = self._commit(self._builder(ds).when_matched_delete(), dead)
                 if deleted:
                     continue  # pass 2 pins a version after our own commit
@@ -200,19 +234,41 @@ class _Merger:
                     self._builder(ds)
                     .when_matched_update_all()
                     .when_not_matched_insert_all()
-                    .mark_sstables_as_compacted([CompactedSsTable(str(region_id), gen)])
+                    .mark_sstables_as_compacted([CompactedSsTable(str(region_id), planned[-1])])
                 )
                 try:
                     if self._commit(upsert, live):
-                        return live.num_rows, dead.num_rows
+                        return _Merged(planned, live.num_rows, dead.num_rows)
                 except OSError as e:
                     if _STALE_MARKER in str(e):
-                        return None  # another merger recorded this generation (or a later one)
+                        continue  # another merger recorded some of them: plan the rest again
                     raise
             _backoff(attempt)  # lost a commit race
         raise CommitConflictError(
-            f"merging generation {gen} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
+            f"merging generations {planned} of region {region_id}: lost {MAX_ATTEMPTS} commit races in a row"
         )
+
+    def _combined(
+        self, region_id: uuid.UUID, pending: list[tuple[int, str]], rows: dict[int, pa.Table], base: pa.Schema
+    ) -> tuple[tuple[int, ...], pa.Table, pa.Table] | None:
+        """(generations, live rows, tombstones): the newest row per key among the first generations
+        of `pending` that have the same columns (each read once into `rows`); None when the first is
+        gone because another merger merged it (and GC removed it)."""
+        for gen, path in pending:
+            if gen not in rows:
+                try:
+                    rows[gen] = self._rows(path, base)
+                except MissingGenerationError:
+                    if self._merged(region_id, gen):
+                        return None
+                    raise
+        columns = rows[pending[0][0]].column_names
+        gens = tuple(itertools.takewhile(lambda g: rows[g].column_names == columns, (g for g, _ in pending)))
+        tables = [rows[g] for g in gens]
+        both = tables[0] if len(tables) == 1 else last_per_key(pa.concat_tables(tables), self.pk)
+        dead = pc.fill_null(both.column(TOMBSTONE), False)
+        both = both.drop_columns([TOMBSTONE])
+        return gens, both.filter(pc.invert(dead)), both.filter(dead)
 
     def _builder(self, ds: lance.LanceDataset) -> MergeInsertBuilder:
         """`merge_insert` on the primary key, joining through Lance's scalar indexes only when every
@@ -224,15 +280,20 @@ class _Merger:
     def _dataset(self) -> lance.LanceDataset:
         return lance.dataset(self.uri, storage_options=self.options)
 
-    def _read(self, path: str, base: pa.Schema) -> tuple[pa.Table, pa.Table]:
-        """(live rows, tombstones) of a generation, cast to `base`, without `_tombstone`."""
+    def _rows(self, path: str, base: pa.Schema) -> pa.Table:
+        """A generation's rows with `_tombstone`, the other columns cast to `base`."""
         try:
             rows = lance.dataset(self.storage.child_uri(path), storage_options=self.options).to_table()
         except (ValueError, OSError) as e:
             raise MissingGenerationError(f"flushed generation {path} cannot be read: {e}") from e
+        fields = [base.field(n) if n != TOMBSTONE else rows.schema.field(n) for n in rows.column_names]
+        return rows.cast(pa.schema(fields))
+
+    def _read(self, path: str, base: pa.Schema) -> tuple[pa.Table, pa.Table]:
+        """(live rows, tombstones) of a generation, cast to `base`, without `_tombstone`."""
+        rows = self._rows(path, base)
         dead = pc.fill_null(rows.column(TOMBSTONE), False)
         rows = rows.drop_columns([TOMBSTONE])
-        rows = rows.cast(pa.schema([base.field(n) for n in rows.column_names]))
         return rows.filter(pc.invert(dead)), rows.filter(dead)
 
     @staticmethod

@@ -44,7 +44,9 @@ from memwal_df.format.consumers import (
     Consumer,
     Position,
     check_expiry,
+    clear_expired,
     commit_offsets,
+    expired,
     read_consumer,
 )
 from memwal_df.format.manifest import RegionManifestStore, read_regions
@@ -373,12 +375,19 @@ def open_feed(
     start needs."""
     regions = region_changes(table)
     known = None if consumer is None else read_consumer(table.storage, consumer)
+    if since is None and consumer is not None and known is None and expired(table.storage, consumer):
+        raise ChangesExpiredError(
+            f"the record of consumer {consumer!r} was removed by GC: it had not committed offsets for "
+            "longer than its expiry plus the record retention, and changes it had not read may be gone; "
+            'open the feed with since= ("earliest" or offsets) to register it again, or remove it'
+        )
     if since is None:
         since = EARLIEST if known is None else known.offsets
     start = resolve(since, regions)
     check_retained(start, regions)
     if consumer is not None and known is None:
         commit_offsets(table.storage, consumer, start)
+        clear_expired(table.storage, consumer)
     stop = None if until is None or until == LATEST else ChangeOffsets.parse(until)
     end = end_offsets(start, regions, stop, max_generations)
     names = feed_columns(table.schema.schema, table.schema.primary_key, columns)
@@ -404,4 +413,6 @@ def register_consumer(
     regions = region_changes(table)
     start = resolve(since, regions)
     check_retained(start, regions)
-    return commit_offsets(table.storage, consumer_id, start, expiry)
+    registered = commit_offsets(table.storage, consumer_id, start, expiry)
+    clear_expired(table.storage, consumer_id)
+    return registered

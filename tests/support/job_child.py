@@ -2,10 +2,13 @@
 `test_load.py`): `python job_child.py MODE URI OPTIONS_JSON [ARGS_JSON]`.
 
 Modes:
-* `merge` / `gc` / `build`: one run of the job (`gc` first cleans up base versions older than now,
-  so that merged generations become removable); with `ARGS["crash"] = [point, k]` the process ends
-  with `os._exit(9)` the k-th time it reaches `point` (our own code wrapped in this process;
-  storage stays real). Exit 0 when the job finished without reaching it.
+* `merge` / `gc` / `build` / `compact` / `maintain`: one run of the job (`gc` first cleans up base
+  versions older than now, so that merged generations become removable; `compact` and `maintain`'s
+  round compact with `ARGS["compaction"]`, the fields of `CompactionSettings`); with
+  `ARGS["crash"] = [point, k]` the process ends with `os._exit(9)` the k-th time it reaches `point`
+  (our own code or a Lance call wrapped in this process; storage stays real). Exit 0 when the job
+  finished without reaching it. With `ARGS["announce"]` it prints `compacting` when it calls Lance's
+  `compact_files`, so that the parent can time a SIGKILL inside Lance's rewrite.
 * `jobs`: merge, index build, index catch-up, version cleanup and GC, round after round, until killed;
   cleanup keeps base versions younger than `ARGS["retain_s"]` (default 0), the time-travel retention
   concurrent readers need (a reader of a version cleaned up meanwhile fails in Lance).
@@ -28,13 +31,14 @@ from typing import Any
 
 import lance
 import pyarrow as pa
-from lance.dataset import MergeInsertBuilder
+from lance.dataset import DatasetOptimizer, MergeInsertBuilder
 
 import memwal_df as mw
 from memwal_df.format import memwal_index
 from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.object_storage import ObjectStorage
 from memwal_df.jobs import index_builder
+from memwal_df.jobs.compaction import CompactionSettings
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.float64())])
 ZERO = timedelta(0)
@@ -93,6 +97,10 @@ def inject(point: str, k: int) -> None:
         before(memwal_index, "replace_details")
     elif point == "build_after_commit":
         after(memwal_index, "replace_details")
+    elif point == "compact_before_rewrite":  # the compaction planned, Lance's rewrite not started
+        before(DatasetOptimizer, "compact_files")
+    elif point == "compact_after_commit":  # Lance's rewrite committed, the catch-up not yet restored
+        after(DatasetOptimizer, "compact_files")
     else:
         raise SystemExit(f"unknown crash point {point}")
 
@@ -121,9 +129,26 @@ def _one_by_one(self: Any, prefix: str) -> int:
     return len(paths)
 
 
+def announce() -> None:
+    """Print `compacting` when Lance's compaction starts (the parent watches for its data files)."""
+    real = DatasetOptimizer.compact_files
+
+    def compact_files(self: Any, *a: Any, **kw: Any) -> Any:
+        print("compacting", flush=True)
+        return real(self, *a, **kw)
+
+    DatasetOptimizer.compact_files = compact_files
+
+
 def run_job(
-    table: mw.Table, mode: str, uri: str, options: dict[str, str] | None, retain: timedelta = ZERO
+    table: mw.Table,
+    mode: str,
+    uri: str,
+    options: dict[str, str] | None,
+    retain: timedelta = ZERO,
+    args: dict[str, Any] | None = None,
 ) -> None:
+    settings = CompactionSettings(**(args or {}).get("compaction", {}))
     if mode == "merge":
         table.merge()
     elif mode == "build":
@@ -132,6 +157,14 @@ def run_job(
     elif mode == "gc":
         lance.dataset(uri, storage_options=options).cleanup_old_versions(older_than=retain)
         table.gc(grace=ZERO, keep_manifest_versions=2)
+    elif mode == "compact":
+        table.compact(settings)
+    elif mode == "maintain":
+        (done,) = table.maintain(
+            interval=0, max_rounds=1, grace=ZERO, version_retention=ZERO, compact=settings
+        )
+        if done.errors:
+            raise SystemExit(f"maintain round failed: {done.errors}")
     else:
         raise SystemExit(f"unknown job {mode}")
 
@@ -186,13 +219,15 @@ def main() -> None:
     table = mw.open_table(uri, options)
     if "crash" in args:
         inject(*args["crash"])
+    if args.get("announce"):
+        announce()
     print("ready", flush=True)
     if mode == "jobs":
         jobs_forever(table, uri, options, timedelta(seconds=args.get("retain_s", 0)))
     elif mode == "write":
         write_stream(table, args)
     else:
-        run_job(table, mode, uri, options)
+        run_job(table, mode, uri, options, args=args)
 
 
 if __name__ == "__main__":

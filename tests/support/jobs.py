@@ -27,6 +27,7 @@ import memwal_df as mw
 from memwal_df.format import layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.jobs.index_catchup import coverage
+from memwal_df.jobs.merger import GENERATIONS_PER_COMMIT
 from memwal_df.table import Table
 from support.reference import stored_rows
 from support.wal_oracle import apply_rows
@@ -254,15 +255,16 @@ class VersionOracle:
         return self.generations.get((region_id, gen), [])
 
     def expected(self, progress: dict[uuid.UUID, int]) -> tuple[dict[Any, dict[str, Any]], set[Any]]:
-        """(base rows merge progress `progress` stands for, keys the next generations' tombstone
-        passes may already have deleted)."""
+        """(base rows merge progress `progress` stands for, keys the tombstone pass of the next
+        commit's generations (up to `GENERATIONS_PER_COMMIT` of them) may already have deleted)."""
         model = dict(self.initial)
         pending: set[Any] = set()
         for region_id in self.table.region_ids():
             merged = progress.get(region_id, 0)
             for gen in range(1, merged + 1):
                 apply_rows(model, self._rows(region_id, gen))
-            pending |= {r["id"] for r in self._rows(region_id, merged + 1) if r.get("_tombstone")}
+            for gen in range(merged + 1, merged + 1 + GENERATIONS_PER_COMMIT):
+                pending |= {r["id"] for r in self._rows(region_id, gen) if r.get("_tombstone")}
         return model, pending
 
     def check(self) -> int:

@@ -35,6 +35,9 @@ __all__ = ["SCAN_BATCH_ROWS", "MaskedScanExec", "fragment_rows"]
 
 SCAN_BATCH_ROWS = 131_072
 """Rows per batch read from Lance: DataFusion's Python dataset route costs a fixed amount per batch."""
+HEAD_ROWS = 8_192
+"""Rows of a scan's first, separate Lance scan: its first batch arrives in a fraction of the time a
+`SCAN_BATCH_ROWS` batch takes."""
 
 _ADDR = "_rowaddr"
 
@@ -130,22 +133,39 @@ class MaskedScanExec(ExecNode):
 
     def _scan(self, columns: list[str], sql: str | None, with_addr: bool) -> Iterator[pa.RecordBatch]:
         """The span's rows matching `sql`: whole fragments in one Lance scan, each part of a fragment in
-        its own (by offset and limit in live rows, by `_rowaddr` range in physical rows)."""
+        its own (by offset and limit in live rows, by `_rowaddr` range in physical rows). The first
+        `HEAD_ROWS` rows of the first scan that can be split come from a scan of their own, so a query
+        that stops early (`LIMIT` without `ORDER BY`, which DataFusion does not push down) does not
+        wait for a `SCAN_BATCH_ROWS` batch."""
+        options = {"columns": columns, "with_row_address": with_addr, "batch_size": SCAN_BATCH_ROWS}
         pieces = self._pieces()
         whole = [f for f, *_, w in pieces if w]
-        options = {"columns": columns, "with_row_address": with_addr, "batch_size": SCAN_BATCH_ROWS}
-        if whole:
-            yield from self.base.scanner(fragments=whole, filter=sql, **options).to_batches()
-        for fragment, lo, hi, w in pieces:
-            if w:
-                continue
-            if self.live:
-                scanner = self.base.scanner(
-                    fragments=[fragment], filter=sql, offset=lo, limit=hi - lo, **options
-                )
-            else:
-                fid = fragment.fragment_id
-                rows = f"_rowaddr >= {fid << 32 | lo} AND _rowaddr < {fid << 32 | hi}"
-                flt = rows if sql is None else f"({rows}) AND ({sql})"
-                scanner = self.base.scanner(fragments=[fragment], filter=flt, **options)
-            yield from scanner.to_batches()
+        ranges: list[tuple[list[Any], int, int | None]] = []
+        if whole and self.live and sql is None:  # live rows of all of them, as offsets
+            ranges.append((whole, 0, sum(hi for _, _, hi, w in pieces if w)))
+        elif whole:
+            ranges.append((whole, 0, None))
+        ranges.extend(([f], lo, hi) for f, lo, hi, w in pieces if not w)
+        head = True
+        for fragments, lo, hi in ranges:
+            if head and hi is not None and hi - lo > HEAD_ROWS:
+                yield from self._range(fragments, lo, lo + HEAD_ROWS, sql, options)
+                lo += HEAD_ROWS
+            head = head and hi is None
+            yield from self._range(fragments, lo, hi, sql, options)
+
+    def _range(
+        self, fragments: list[Any], lo: int, hi: int | None, sql: str | None, options: dict[str, Any]
+    ) -> Iterator[pa.RecordBatch]:
+        """One Lance scan of rows [lo, hi) of `fragments` (every row when `hi` is None): live rows by
+        offset and limit, physical rows (one fragment) by `_rowaddr` range."""
+        if hi is None:
+            scanner = self.base.scanner(fragments=fragments, filter=sql, **options)
+        elif self.live:
+            scanner = self.base.scanner(fragments=fragments, filter=sql, offset=lo, limit=hi - lo, **options)
+        else:
+            fid = fragments[0].fragment_id
+            rows = f"_rowaddr >= {fid << 32 | lo} AND _rowaddr < {fid << 32 | hi}"
+            flt = rows if sql is None else f"({rows}) AND ({sql})"
+            scanner = self.base.scanner(fragments=fragments, filter=flt, **options)
+        yield from scanner.to_batches()
