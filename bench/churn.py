@@ -9,9 +9,10 @@ words off) and IVF_PQ (vec, `--partitions`, 16 sub-vectors) indexes, 4 bucket re
    * a writer thread: a durable `TableWriter` putting `--rate` rows/s in `--batch`-row puts (half
      updates of existing keys, half new keys), each put followed by a delete of `--delete-fraction`
      x batch random keys; MemTables flush at `--memtable-rows` rows per region;
-   * the maintain loop (`memwal maintain`: merge, MemWAL index build, index catch-up, version cleanup,
-     GC) in a child process, a round every `--interval` seconds, `--retention` seconds for base
-     versions and the GC grace;
+   * the maintain loop (`memwal maintain`: merge, MemWAL index build, index catch-up, compaction,
+     version cleanup, GC) in a child process, a round every `--interval` seconds, `--retention`
+     seconds for base versions and the GC grace; `--no-maintain` leaves it out (the control: the
+     writer alone, so the CPU the loop takes can be told apart from the reader's own work);
    * this thread, reading through one DataFusion SessionContext with `MemWalTable(uri, writer=w)`
      registered once: `--lookups` point lookups (`id = k`, half of them keys of the last put), then
      `count(*)`, a filter (`value < 0.1`), `vector_search` (k = 10, `--nprobes`) and `fts` (k = 10,
@@ -35,6 +36,7 @@ first-after-merge max / frozen p50; `--json` writes it as data.
     python bench/churn.py --small                 # base 50k, 60 s
     python bench/churn.py                         # base 1M, 120 s
     python bench/churn.py --small --json bench/results/churn.json
+    python bench/churn.py --no-maintain           # the control: writer and reader, no maintain loop
 """
 
 from __future__ import annotations
@@ -465,6 +467,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--delete-fraction", type=float, default=0.05, help="keys deleted per put, x batch")
     ap.add_argument("--memtable-rows", type=int, default=5000, help="max_memtable_rows per region")
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between maintain rounds")
+    ap.add_argument("--no-maintain", action="store_true", help="the control: no maintain loop runs")
     ap.add_argument("--retention", type=float, default=20.0, help="base version retention and GC grace, s")
     ap.add_argument("--partitions", type=int, help="IVF partitions (default 256; --small 64)")
     ap.add_argument("--nprobes", type=int, default=20)
@@ -499,17 +502,18 @@ def run(args: argparse.Namespace, root: Path) -> int:
     frozen_phase(reader, args)
     writer = ChurnWriter(w, model, vocab, args)
     log = root / "maintain.log"
-    maintain = start_maintain(t.uri, args, log)
+    maintain = None if args.no_maintain else start_maintain(t.uri, args, log)
     writer.start()
     try:
         commits = churn_phase(reader, writer, t.uri, args)
     finally:
         writer.stop.set()
         writer.join()
-        maintain_code = stop_maintain(maintain)
+        maintain_code = 0 if maintain is None else stop_maintain(maintain)
     reader.quiescent(args.checks)
     w.close()
-    return report(args, reader, writer, commits, maintain_code, log.read_text(errors="replace"))
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return report(args, reader, writer, commits, maintain_code, text)
 
 
 def report(

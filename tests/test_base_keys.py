@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from memwal_df.format.deletion_files import decode, deleted_offsets, roaring_values
 from memwal_df.format.open_storage import open_storage
+from memwal_df.format.storage import Storage
 from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, fragment_signatures
 from memwal_df.read.exec import masked_scan
 from memwal_df.read.exec.masked_scan import MaskedScanExec, fragment_rows
@@ -128,22 +129,32 @@ def test_patched_index_locates_what_a_fresh_one_does(tmp_path_factory, changes, 
         assert np.array_equal(index.locate(pa.array(probe)), _expected(ds, probe)), change
         fresh = BaseKeyIndex.build(ds, storage, ["id"], pa.int64())
         assert np.array_equal(fresh.locate(pa.array(probe)), index.locate(pa.array(probe)))
-        _check_masked_scans(ds, index, probe)
+        _check_masked_scans(ds, index, probe, storage)
 
 
-def _check_masked_scans(ds: lance.LanceDataset, index: BaseKeyIndex, keys: np.ndarray) -> None:
+def _check_masked_scans(
+    ds: lance.LanceDataset, index: BaseKeyIndex, keys: np.ndarray, storage: Storage
+) -> None:
     part = BaseShadow(index.locate(pa.array(keys)), index.physical_rows)
     shadow = ShadowSet([part], lambda: index.mask([part]))
     live_rows = _live(ds)
     want = live_rows.filter(pa.array(~np.isin(live_rows.column("id").to_numpy(), keys)))
     # live spans only without a filter (as the planner makes them); physical spans with and without
     cases = [(True, None), (False, None), (False, pc.field("id") < 1700)]
-    for (live, flt), head in itertools.product(cases, (masked_scan.HEAD_ROWS, 7)):
+    # through Lance with the usual head scan; with a tiny head scan; with the storage (fragments with
+    # deletion files read from their data files directly)
+    variants = [(masked_scan.HEAD_ROWS, None), (7, None), (masked_scan.HEAD_ROWS, storage)]
+    for (live, flt), (head, store) in itertools.product(cases, variants):
         fragments = list(fragment_rows(ds, live).items())
         spans = base_spans(fragments, 3, 1)
-        with mock.patch.object(masked_scan, "HEAD_ROWS", head):  # first scans split into a head and the rest
+        with (
+            mock.patch.object(masked_scan, "HEAD_ROWS", head),
+            mock.patch.object(masked_scan, "DIRECT_MIN_ROWS", 0),  # small fragments read directly too
+        ):  # first scans split into a head and the rest
             scans = [
-                MaskedScanExec(ds, s, ["id"], flt, lambda: shadow, live=live, counts_all=i == 0)
+                MaskedScanExec(
+                    ds, s, ["id"], flt, lambda: shadow, live=live, counts_all=i == 0, storage=store
+                )
                 for i, s in enumerate(spans)
             ]
             got = pa.Table.from_batches(
@@ -151,7 +162,7 @@ def _check_masked_scans(ds: lance.LanceDataset, index: BaseKeyIndex, keys: np.nd
             )
         expected = want if flt is None else want.filter(flt)
         ids = sorted(got.column("id").to_pylist())
-        assert ids == sorted(expected.column("id").to_pylist()), (live, flt, head)
+        assert ids == sorted(expected.column("id").to_pylist()), (live, flt, head, store)
         if flt is not None:
             continue
         counts = [

@@ -84,7 +84,7 @@ def _check(ctx: datafusion.SessionContext, model: Model, latest: int, rng: rando
     return len(model) * 4 + len(probe) + len(cat)
 
 
-@pytest.mark.parametrize("consistency", ["latest", "snapshot"])
+@pytest.mark.parametrize("consistency", ["latest", pytest.param("snapshot", marks=pytest.mark.slow)])
 def test_a_registered_table_stays_fresh_across_maintain_rounds(
     table_uri: str,
     table_storage_options: dict[str, str] | None,

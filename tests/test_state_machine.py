@@ -524,6 +524,7 @@ def test_writer_state_machine_local(tmp_path):
 
 
 @pytest.mark.s3
+@pytest.mark.slow  # the local machine runs by default; S3 adds the storage layer's own faults and races
 def test_writer_state_machine_s3(s3_bucket, s3_storage_options):
     run_machine(
         lambda: f"s3://{s3_bucket}/{uuid.uuid4()}",

@@ -165,7 +165,7 @@ def add_maintain(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=upkeep.retrain_share,
         help="retrain a vector index once the rows added since its training pass this share of the "
-        "rows it was trained on (default %(default)s)",
+        "rows it was trained on (default: never)",
     )
     p.add_argument("--quiet", action="store_true", help="log warnings only (failed jobs are still printed)")
     c.add_json(p)

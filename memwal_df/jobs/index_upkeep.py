@@ -6,9 +6,11 @@ indexes) that every search then probes. `plan` keeps that bounded:
 - **segments**: when the index already has `max_segments` segments, the optimize merges all of them
   with the new fragments into one (`num_indices_to_merge`); an index with more segments than that
   is consolidated even when it covers every fragment;
-- **retraining** (vector indexes only: IVF centroids and PQ codebooks are trained once and new rows
-  are only assigned to them): once the rows assigned since the last training pass `retrain_share`
-  of the rows it was trained on, the optimize retrains (`retrain=True`, one segment).
+- **retraining** (vector indexes only, and only when `retrain_share` is set: IVF centroids and PQ
+  codebooks are trained once and new rows are only assigned to them): once the rows assigned since
+  the last training pass `retrain_share` of the rows it was trained on, the optimize retrains
+  (`retrain=True`, one segment). Off by default: a retrain trains the index again over every row
+  and holds up the maintain round it runs in for as long (docs/background-jobs.md has the figures).
 
 The rows trained on and assigned since are kept per index in `_mem_wal/_index_upkeep.json`
 (memwal_df's own file, which Lance ignores). An index first seen there counts as trained on the
@@ -34,10 +36,12 @@ class IndexUpkeepSettings:
     """Bounds of index upkeep (defaults in the field comments)."""
 
     max_segments: int = 4  # merge an index's segments into one when it would have more
-    retrain_share: float = 0.5  # retrain a vector index once rows assigned since training pass this share
+    retrain_share: float | None = (
+        None  # retrain a vector index once rows assigned since training pass this share
+    )
 
     def __post_init__(self) -> None:
-        if self.max_segments < 1 or self.retrain_share <= 0:
+        if self.max_segments < 1 or (self.retrain_share is not None and self.retrain_share <= 0):
             raise InvalidConfigError(
                 f"need max_segments >= 1 and retrain_share > 0, got {self.max_segments}, {self.retrain_share}"
             )
@@ -61,7 +65,7 @@ def plan(description: Any, new_rows: int, record: dict[str, int], settings: Inde
     """The optimize of index `description` (from `describe_indices()`) that adds `new_rows` rows:
     a retrain, a merge of every segment, or a plain delta (see the module docstring)."""
     segments = len(description.segments)
-    if is_vector(description):
+    if settings.retrain_share is not None and is_vector(description):
         trained = record.get("trained_rows") or description.num_rows_indexed or 0
         assigned = record.get("assigned_rows", 0) + new_rows
         if trained and assigned > settings.retrain_share * trained:

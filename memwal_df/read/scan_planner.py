@@ -177,7 +177,15 @@ def _plan_view_scan(
                 snapshot.base, span, pk, cols, filter, state.shadow_keys, note
             )
         return lambda cols: MaskedScanExec(
-            snapshot.base, span, cols, filter, state.shadow, live=live, counts_all=first, note=note
+            snapshot.base,
+            span,
+            cols,
+            filter,
+            state.shadow,
+            live=live,
+            counts_all=first,
+            note=note,
+            storage=snapshot.storage,
         )
 
     spans = base_spans(fragments, partitions or (os.cpu_count() or 1), MIN_SPAN_ROWS)

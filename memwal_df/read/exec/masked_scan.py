@@ -9,6 +9,15 @@ deletion file keeps), read with Lance's offset and limit; with a filter it count
 with a `_rowaddr` range (Lance applies offset and limit after the filter, so live positions cannot
 split a filtered scan). A span that covers whole fragments reads them with neither.
 
+Fragments with a deletion file (every fragment a merge updated or deleted rows of) of at least
+`DIRECT_MIN_ROWS` rows are read from their data file directly (`lance.file.LanceFileReader`, one
+Lance v2 file holding every column), minus the rows the deletion file lists (read by
+`memwal_df.format.deletion_files`), the pushed filter applied in Arrow: Lance's own scan of such a
+fragment costs several times that of one without, however few rows it deletes. Other fragments (and
+every fragment when the exec has no storage) are read through Lance's scanner. The first rows of a
+Lance scan come from a small scan of their own (`HEAD_ROWS`), so a query that stops early (`LIMIT`
+without `ORDER BY`, which DataFusion does not push down) does not wait for a large batch.
+
 `count(*)` without a filter (no column, no filter) is arithmetic: the live rows of every fragment
 (fragment metadata) minus the shadowed rows (every shadowed address is a live row), answered whole
 by the partition marked `counts_all` while the others answer nothing.
@@ -19,11 +28,16 @@ shadowed; output columns are exactly `columns` (for none, batches with a row cou
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+from lance.file import LanceFileReader
 
+from memwal_df.format.deletion_files import deleted_offsets
+from memwal_df.format.storage import Storage
 from memwal_df.read.base_keys import ShadowSet, fragment_signatures
 from memwal_df.read.batches import count_batch
 from memwal_df.read.exec.base import ExecNode
@@ -35,6 +49,9 @@ __all__ = ["SCAN_BATCH_ROWS", "MaskedScanExec", "fragment_rows"]
 
 SCAN_BATCH_ROWS = 131_072
 """Rows per batch read from Lance: DataFusion's Python dataset route costs a fixed amount per batch."""
+DIRECT_MIN_ROWS = 65_536
+"""A fragment with a deletion file and at least this many physical rows is read from its data file
+directly: below it, opening the file costs more than Lance's handling of its deletion file."""
 HEAD_ROWS = 8_192
 """Rows of a scan's first, separate Lance scan: its first batch arrives in a fraction of the time a
 `SCAN_BATCH_ROWS` batch takes."""
@@ -64,8 +81,10 @@ class MaskedScanExec(ExecNode):
         live: bool,
         counts_all: bool,
         note: str = "",
+        storage: Storage | None = None,
     ) -> None:
         self.base = base
+        self.storage = storage  # the base's, for its deletion files and data files read directly
         self.span = span
         self.columns = list(columns)
         self.filter = filter
@@ -119,10 +138,17 @@ class MaskedScanExec(ExecNode):
         needed = list(self.columns)
         if residual is not None:
             needed = list(dict.fromkeys([*needed, *sorted(referenced_columns(residual))]))
-        for batch in self._scan(needed, sql, with_addr=bool(len(shadow)) or not needed):
+        pieces = self._pieces()
+        direct = [p for p in pieces if self._direct_readable(p[0])]
+        lance_pieces = [p for p in pieces if not self._direct_readable(p[0])]
+        batches = self._scan(lance_pieces, needed, sql, with_addr=bool(len(shadow)) or not needed)
+        if direct:  # fragments with deletion files: their data files read directly, the filter in Arrow
+            wanted = list(dict.fromkeys([*self.columns, *sorted(referenced_columns(self.filter))]))
+            batches = itertools.chain(self._direct(direct, wanted, shadow), batches)
+        for batch in batches:
             if not batch.num_rows:
                 continue
-            if len(shadow):
+            if len(shadow) and _ADDR in batch.schema.names:
                 hidden = shadow.hidden(batch.column(_ADDR).to_numpy())
                 if hidden.any():
                     batch = batch.filter(pa.array(~hidden))
@@ -131,14 +157,15 @@ class MaskedScanExec(ExecNode):
             if batch.num_rows:
                 yield batch.select(self.columns) if batch.num_columns != len(self.columns) else batch
 
-    def _scan(self, columns: list[str], sql: str | None, with_addr: bool) -> Iterator[pa.RecordBatch]:
+    def _scan(
+        self, pieces: list[tuple[Any, int, int, bool]], columns: list[str], sql: str | None, with_addr: bool
+    ) -> Iterator[pa.RecordBatch]:
         """The span's rows matching `sql`: whole fragments in one Lance scan, each part of a fragment in
         its own (by offset and limit in live rows, by `_rowaddr` range in physical rows). The first
         `HEAD_ROWS` rows of the first scan that can be split come from a scan of their own, so a query
         that stops early (`LIMIT` without `ORDER BY`, which DataFusion does not push down) does not
         wait for a `SCAN_BATCH_ROWS` batch."""
         options = {"columns": columns, "with_row_address": with_addr, "batch_size": SCAN_BATCH_ROWS}
-        pieces = self._pieces()
         whole = [f for f, *_, w in pieces if w]
         ranges: list[tuple[list[Any], int, int | None]] = []
         if whole and self.live and sql is None:  # live rows of all of them, as offsets
@@ -169,3 +196,52 @@ class MaskedScanExec(ExecNode):
             flt = rows if sql is None else f"({rows}) AND ({sql})"
             scanner = self.base.scanner(fragments=fragments, filter=flt, **options)
         yield from scanner.to_batches()
+
+    def _direct_readable(self, fragment: Any) -> bool:
+        """Whether the fragment is read from its data file directly: it has a deletion file (Lance's
+        scan of such a fragment costs several times that of one without, whatever it deletes), and
+        one Lance v2 data file holding every column."""
+        m = fragment.metadata
+        if self.storage is None or m.deletion_file is None or m.deletion_file.base_id is not None:
+            return False
+        if (m.physical_rows or 0) < DIRECT_MIN_ROWS:
+            return False
+        files = m.files
+        return (
+            len(files) == 1
+            and files[0].base_id is None
+            and files[0].file_major_version == 2
+            and len(files[0].fields) == len(self.base.schema)
+        )
+
+    def _direct(
+        self, pieces: list[tuple[Any, int, int, bool]], columns: list[str], shadow: ShadowSet
+    ) -> Iterator[pa.RecordBatch]:
+        """The pieces' live rows matching the filter: their physical rows minus the deletion file's
+        (read from it), `columns` of the data file, with `_rowaddr` when rows are shadowed."""
+        assert self.storage is not None and columns
+        for fragment, lo, hi, _ in pieces:
+            dead = deleted_offsets(self.storage, fragment)
+            if self.live:  # live row k is physical row k + (deleted rows at or before it)
+                shifted = dead - np.arange(len(dead))
+                lo = lo + int(np.searchsorted(shifted, lo, side="right"))
+                hi = hi + int(np.searchsorted(shifted, hi - 1, side="right")) if hi > 0 else 0
+            if hi <= lo:
+                continue
+            path = self.storage.child_uri(f"data/{fragment.metadata.files[0].path}")
+            reader = LanceFileReader(path, self.storage.storage_options or None, columns=columns)
+            start, base = lo, np.uint64(fragment.fragment_id << 32)
+            for batch in reader.read_range(lo, hi - lo, batch_size=SCAN_BATCH_ROWS).to_batches():
+                n = batch.num_rows
+                keep = np.ones(n, dtype=bool)
+                keep[dead[(dead >= start) & (dead < start + n)] - start] = False
+                if len(shadow):
+                    batch = batch.append_column(
+                        _ADDR, pa.array(np.arange(start, start + n, dtype=np.uint64) | base)
+                    )
+                start += n
+                if not keep.all():
+                    batch = batch.filter(pa.array(keep))
+                if self.filter is not None and batch.num_rows:
+                    batch = batch.filter(self.filter)
+                yield batch
