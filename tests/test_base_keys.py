@@ -143,7 +143,7 @@ def _check_masked_scans(
     cases = [(True, None), (False, None), (False, pc.field("id") < 1700)]
     # through Lance with the usual head scan; with a tiny head scan; with the storage (fragments with
     # deletion files read from their data files directly)
-    variants = [(masked_scan.HEAD_ROWS, None), (7, None), (masked_scan.HEAD_ROWS, storage)]
+    variants = [(masked_scan.HEAD_ROWS, None), (7, None), (7, storage)]
     for (live, flt), (head, store) in itertools.product(cases, variants):
         fragments = list(fragment_rows(ds, live).items())
         spans = base_spans(fragments, 3, 1)

@@ -135,7 +135,7 @@ def test_a_reader_blind_to_acknowledged_writes_fails_the_checks(tmp_path, with_w
 def test_a_tiny_run_under_churn_reports_every_query_kind_and_no_wrong_answer(tmp_path):
     out = tmp_path / "churn.json"
     tiny = ["--base-rows", "2000", "--seconds", "6", "--rate", "400", "--batch", "100"]
-    tiny += ["--memtable-rows", "200", "--interval", "0.5", "--retention", "2", "--partitions", "4"]
+    tiny += ["--memtable-rows", "200", "--interval", "0.5", "--retention", "5", "--partitions", "4"]
     tiny += ["--frozen-queries", "2", "--check-every", "3", "--checks", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [

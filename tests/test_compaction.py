@@ -239,7 +239,7 @@ def _jitter(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     monkeypatch.setattr(DatasetOptimizer, "compact_files", compact_files)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2, *(pytest.param(seed, marks=pytest.mark.slow) for seed in (3, 4, 5))])
 def test_compaction_racing_merges_and_index_writers(tmp_path, monkeypatch, seed):
     """A writer, two mergers, the MemWAL index builder, index catch-up and compaction in threads;
     every retained base version: merge progress never lower, base = initial rows + each region's

@@ -231,7 +231,11 @@ class MaskedScanExec(ExecNode):
             path = self.storage.child_uri(f"data/{fragment.metadata.files[0].path}")
             reader = LanceFileReader(path, self.storage.storage_options or None, columns=columns)
             start, base = lo, np.uint64(fragment.fragment_id << 32)
-            for batch in reader.read_range(lo, hi - lo, batch_size=SCAN_BATCH_ROWS).to_batches():
+            head = min(hi - lo, HEAD_ROWS)  # a small first read, as for Lance scans
+            reads = [reader.read_range(lo, head, batch_size=SCAN_BATCH_ROWS)]
+            if hi - lo > head:
+                reads.append(reader.read_range(lo + head, hi - lo - head, batch_size=SCAN_BATCH_ROWS))
+            for batch in (b for r in reads for b in r.to_batches()):
                 n = batch.num_rows
                 keep = np.ones(n, dtype=bool)
                 keep[dead[(dead >= start) & (dead < start + n)] - start] = False
