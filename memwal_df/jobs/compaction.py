@@ -110,6 +110,7 @@ class CompactionDebt:
     small: tuple[int, ...]  # fragment ids of small fragments
     mostly_deleted: tuple[int, ...]  # fragment ids at or past `max_deleted_share`
     due: bool  # the thresholds are passed: `compact` would run
+    fragment_ids: tuple[int, ...] = ()  # every fragment, in order
 
     @property
     def deleted_share(self) -> float:
@@ -162,6 +163,7 @@ def debt(ds: lance.LanceDataset, settings: CompactionSettings) -> CompactionDebt
         small=small,
         mostly_deleted=dead,
         due=_mergeable(stats, set(small), set(dead)) >= settings.min_small_fragments or bool(dead),
+        fragment_ids=tuple(s.fragment_id for s in stats),
     )
 
 
@@ -191,7 +193,7 @@ def compact(table: TableHandle, settings: CompactionSettings | None = None) -> C
         if not found.due:
             return CompactionResult(found, 0, 0, 0, 0, ds.version)
         before = _catchup(table, ds.version)
-        keep = [s.fragment_id for s in fragment_stats(ds) if s.fragment_id not in found.candidates]
+        keep = [f for f in found.fragment_ids if f not in found.candidates]
         try:
             metrics = ds.optimize.compact_files(
                 target_rows_per_fragment=settings.target_rows_per_fragment,

@@ -37,6 +37,7 @@ from memwal_df.format import memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.jobs import index_upkeep, merger
 from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
+from memwal_df.read.cache import described_indices
 
 if TYPE_CHECKING:
     from memwal_df.format.table_handle import TableHandle
@@ -113,8 +114,7 @@ def _rebuild(
     records = index_upkeep.read_records(table.storage)
     changed = False
     for name in sorted(names):
-        described = {d.name: d for d in ds.describe_indices()}
-        description = described[name]
+        description = next(d for d in described_indices(ds) if d.name == name)
         covered = {f for s in description.segments for f in (s.fragment_ids or ())}
         new_rows = sum(n for f, n in rows.items() if f not in covered)
         record = records.get(name, {})
@@ -124,7 +124,7 @@ def _rebuild(
         _optimize(ds, name, plan.kwargs)
         rebuilt[name] = plan
         ds = lance.dataset(table.uri, storage_options=options)
-        after = {d.name: d for d in ds.describe_indices()}.get(name)
+        after = next((d for d in described_indices(ds) if d.name == name), None)
         rows_after = after.num_rows_indexed if after is not None else 0
         records[name] = index_upkeep.updated(record, description, new_rows, plan, rows_after)
         changed = True
