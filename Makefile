@@ -27,7 +27,8 @@ test-spark: $(STAMP)
 # The reliability tests, default sample and slow cases, then docs/guarantees.md from their figures.
 RELIABILITY := tests/test_crash.py tests/test_crash_jobs.py tests/test_faults.py tests/test_bad_input.py \
 	tests/test_corrupt_regions.py tests/test_region_integrity.py tests/test_reader_freshness.py \
-	tests/test_read_state.py tests/test_load.py
+	tests/test_read_state.py tests/test_load.py tests/test_power_loss.py tests/test_fsync_audit.py \
+	tests/test_crash_points.py tests/test_generation_checksums.py
 reliability: $(STAMP)
 	MEMWAL_FIGURES=build/reliability.json $(BIN)/python -m pytest -q -m "not spark" $(RELIABILITY)
 	$(BIN)/python scripts/guarantees.py build/reliability.json docs/guarantees.md

@@ -78,6 +78,42 @@ class CorruptManifestError(MemWalError):
         self.path = path
 
 
+class CorruptGenerationError(MemWalError):
+    """A flushed generation whose files do not match what was written: a file whose size or
+    checksum differs from its checksum sidecar, a listed file that is missing, an unlisted file, a
+    damaged sidecar; or, for a generation without a sidecar (Lance's own), rows that contradict its
+    region manifest entry (row count, a primary key twice). `path` names the file (or directory),
+    `region_id` and `generation` the generation."""
+
+    path: str
+
+    def __init__(
+        self, message: str, path: str, region_id: uuid.UUID | None = None, generation: int | None = None
+    ) -> None:
+        super().__init__(f"{message}: {path}")
+        self.path = path
+        self._named = (region_id, generation)
+
+    @property
+    def region_id(self) -> uuid.UUID | None:
+        return getattr(self, "_named", (None, None))[0] or _generation_of(self.path)[0]
+
+    @property
+    def generation(self) -> int | None:
+        found = getattr(self, "_named", (None, None))[1]
+        return found if found is not None else _generation_of(self.path)[1]
+
+
+_GENERATION_PATH = re.compile(r"_mem_wal/([0-9a-f-]{36})/[0-9a-f]{8}_gen_([0-9]+)(?:/|$)")
+
+
+def _generation_of(path: str) -> tuple[uuid.UUID | None, int | None]:
+    """(region, generation) named by a path inside a generation directory (an error `unwrap` rebuilt
+    from text carries only its path)."""
+    m = _GENERATION_PATH.match(path or "")
+    return (uuid.UUID(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
 class CommitConflictError(MemWalError):
     """A commit lost a race (put-if-not-exists found the version taken) and could not be retried."""
 
@@ -126,11 +162,13 @@ class InvalidConfigError(MemWalError, ValueError):
 
 class CorruptRegionsError(MemWalError):
     """A job that covers many regions (`recover`, `merge`, `gc`) did its work on every healthy region,
-    but some regions have a corrupt WAL entry or region manifest.
+    but some regions have a corrupt WAL entry or region manifest (or, for `merge`, a corrupt
+    flushed generation).
 
-    `errors` maps each failed region's id to its `CorruptWalEntryError` / `CorruptManifestError`
-    (whose `path` names the file); `result` is what the job did on the other regions (the
-    recovered region ids for `recover`, a `MergeResult` / `GcResult` for the others).
+    `errors` maps each failed region's id to its `CorruptWalEntryError` / `CorruptManifestError` /
+    `CorruptGenerationError` (whose `path` names the file); `result` is what the job did on the
+    other regions (the recovered region ids for `recover`, a `MergeResult` / `GcResult` for the
+    others).
     """
 
     def __init__(self, job: str, errors: Mapping[uuid.UUID, MemWalError], result: object) -> None:

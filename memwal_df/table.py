@@ -42,8 +42,9 @@ from memwal_df.format.schema import check_keys, conform, to_table
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.format.wal import Wal
-from memwal_df.jobs import compaction, index_builder, index_catchup, merger
+from memwal_df.jobs import base_recovery, compaction, index_builder, index_catchup, merger
 from memwal_df.jobs import garbage as _gc
+from memwal_df.jobs import generation_repair as _generation_repair
 from memwal_df.jobs import health as _health
 from memwal_df.jobs import maintain as _maintain
 from memwal_df.jobs import repair as _repair
@@ -173,7 +174,21 @@ class Table(TableHandle):
         Returns the recovered regions. Claiming fences any writer still active on those regions.
         A region whose manifest or WAL entry cannot be decoded is skipped and the others recovered;
         `CorruptRegionsError` then lists each skipped region and file (`result`: the recovered ids).
+
+        First, on local storage, newest base versions that a power loss tore are rolled back
+        (`memwal_df.jobs.base_recovery`; logged at WARNING): their generations are unmerged again.
         """
+        rolled = base_recovery.recover_base(self.storage)
+        if rolled.rolled_back:
+            log.warning(
+                "base versions %s of %s did not survive whole and were set aside (%s); the table is at "
+                "version %s",
+                list(rolled.rolled_back),
+                self.uri,
+                "; ".join(rolled.problems),
+                rolled.latest,
+            )
+            self.refresh()
         recovered, failed = [], {}
         for region_id in self.region_ids():
             try:
@@ -198,11 +213,13 @@ class Table(TableHandle):
         self, region_id: uuid.UUID | str, *, apply: bool = False, discard_later: bool = False
     ) -> _repair.RepairPlan:
         """Plan, and with `apply=True` perform, setting the region's corrupt WAL entries aside (moved
-        to a quarantine directory under the region) so the region can be claimed and replayed again;
-        `plan.describe()` says what is lost. A corrupt entry followed by valid ones is refused with
-        `RepairRefusedError` unless `discard_later`. See `memwal_df.jobs.repair`."""
-        return _repair.repair_region(
-            self.storage, layout.parse_region_id(region_id), apply=apply, discard_later=discard_later
+        to a quarantine directory under the region) so the region can be claimed and replayed again,
+        and rebuilding its corrupt unmerged generations from the WAL (or, when their WAL entries are
+        gone, setting them aside); `plan.describe()` says what is lost. A corrupt entry followed by
+        valid ones is refused with `RepairRefusedError` unless `discard_later`. See
+        `memwal_df.jobs.repair` and `memwal_df.jobs.generation_repair`."""
+        return _generation_repair.repair_region(
+            self, layout.parse_region_id(region_id), apply=apply, discard_later=discard_later
         )
 
     def build_index(self) -> index_builder.BuildResult:
@@ -343,12 +360,14 @@ class Table(TableHandle):
             merged_generation=merged,
         )
 
-    def status(self, *, check_wal: bool = True) -> dict[str, Any]:
+    def status(self, *, check_wal: bool = True, check_generations: bool = True) -> dict[str, Any]:
         """Regions, epochs, generations and merge progress, as plain data. `corrupt_regions` lists
         each region whose latest manifest or (with `check_wal`) unreplayed WAL entry cannot be decoded
-        (its file and the error); a region with a corrupt manifest is missing from `regions`.
-        `check_wal` reads every WAL entry a claiming writer would replay (up to a MemTable's worth per
-        region); without it only manifests are read. `health` (`memwal_df.jobs.health.Health`): the
+        and (with `check_generations`) each corrupt unmerged generation (its file and the error); a
+        region with a corrupt manifest is missing from `regions`. `check_wal` reads every WAL entry a
+        claiming writer would replay (up to a MemTable's worth per region), `check_generations` every
+        file of every unmerged generation (`jobs.generation_repair.check_generation`); without them
+        only manifests are read. `health` (`memwal_df.jobs.health.Health`): the
         base's fragments, deletion files and compaction debt, each base index's segments and coverage,
         and the maintain loop's last error per job, from manifest metadata (no row data is read)."""
         self.refresh()
@@ -366,6 +385,9 @@ class Table(TableHandle):
                 problem := _repair.wal_problem(self.storage, region_id, s.replay_after_wal_entry_position)
             ):
                 corrupt.append(problem)
+            if check_generations:
+                merged, pk = s.merged_generation, self.schema.primary_key
+                corrupt += _generation_repair.generation_problems(self.storage, region_id, merged, pk)
         return {
             "uri": self.uri,
             "base_version": self.dataset.version,
@@ -403,7 +425,8 @@ def create_table(
     `NonKeyRegionColumnError`) are checked before anything is written, and if writing fails after
     the base table was written, what was written is removed, so the URI holds no table and a retry
     can succeed. (A process killed in between leaves a Lance table without a MemWAL index, which
-    `open_table` refuses and a retry reports as `TableExistsError`.)"""
+    `open_table` refuses and a retry reports as `TableExistsError`.) On local storage every file of
+    the new table is fsynced, with its directory entries, before it returns."""
     storage = open_storage(uri, storage_options)
     if _exists(storage):
         if memwal_index.read_details(storage.uri, storage_options or None) is None:
@@ -422,21 +445,23 @@ def create_table(
     field_ids = lance_field_ids(schema)  # as Lance assigns them to the new dataset
     details = _initial_details(field_ids, schema, pk, region_spec, maintained_indexes)
     before = set(storage.list_dir(""))
-    ds = lance.write_dataset(
-        data,
-        storage.uri,
-        schema=schema,
-        mode="create",
-        storage_options=storage_options or None,
-        data_storage_version=data_storage_version,  # type: ignore[arg-type]  # lance checks the name at run time
-    )
-    try:
-        if lance_field_ids(ds) != field_ids:
-            details = _initial_details(lance_field_ids(ds), ds.schema, pk, region_spec, maintained_indexes)
-        memwal_index.initialize(storage.uri, details, storage_options or None)
-    except BaseException:
-        _remove_created(storage, before)
-        raise
+    with storage.synced_changes():  # the new table is durable when this returns
+        ds = lance.write_dataset(
+            data,
+            storage.uri,
+            schema=schema,
+            mode="create",
+            storage_options=storage_options or None,
+            data_storage_version=data_storage_version,  # type: ignore[arg-type]  # lance checks the name at run time
+        )
+        try:
+            made_ids = lance_field_ids(ds)
+            if made_ids != field_ids:
+                details = _initial_details(made_ids, ds.schema, pk, region_spec, maintained_indexes)
+            memwal_index.initialize(storage.uri, details, storage_options or None)
+        except BaseException:
+            _remove_created(storage, before)
+            raise
     return Table(storage.uri, storage_options)
 
 
@@ -493,7 +518,18 @@ def _remove_created(storage: Storage, before: set[str]) -> None:
 
 
 def open_table(uri: str, storage_options: dict[str, str] | None = None) -> Table:
-    """Open a MemWAL table (made by memwal_df or by Lance's `initialize_mem_wal`)."""
+    """Open a MemWAL table (made by memwal_df or by Lance's `initialize_mem_wal`) to write or run
+    jobs on. On local storage, a newest base version whose manifest a power loss tore is rolled back
+    first when the table cannot be opened otherwise (`Table.recover` checks the files of the newest
+    versions too)."""
+    try:
+        return Table(uri, storage_options)
+    except BaseException as e:  # TableNotFoundError for an unreadable newest manifest, Lance's errors
+        if not (isinstance(e, OSError | ValueError) or base_recovery.is_lance_panic(e)):
+            raise
+        if not base_recovery.recover_base(open_storage(uri, storage_options)).rolled_back:
+            raise
+    log.warning("the newest base version of %s did not survive whole and was set aside", uri)
     return Table(uri, storage_options)
 
 

@@ -116,6 +116,15 @@ def s3_storage_options(s3_server: str, s3_bucket: str) -> dict[str, str]:
     }
 
 
+@pytest.hookimpl(tryfirst=True)  # before the `-m` deselection
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`@pytest.mark.slow_on_s3`: the test's S3 twin is `slow` (its local twin runs by default)."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.get_closest_marker("slow_on_s3") and params.get("table_uri") == "s3":
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def table_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh table URI: local → `tmp_path / "t"`, s3 → `s3://{bucket}/{uuid}` on the moto server."""

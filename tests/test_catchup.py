@@ -39,7 +39,7 @@ from test_dataset import (
 
 import memwal_df as mw
 from memwal_df.errors import MissingGenerationError
-from memwal_df.format import memwal_index
+from memwal_df.format import checksums, memwal_index
 from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
 from memwal_df.read.exec.dedup import DeduplicateExec
 from memwal_df.read.exec.masked_scan import MaskedScanExec
@@ -53,10 +53,13 @@ def index(lsm: Lsm, column: str, kind: str = "BTREE") -> None:
 
 
 def _generation_datasets(lsm: Lsm) -> Iterator[lance.LanceDataset]:
+    """Every flushed generation still stored; the checksum sidecar of each is written again after the
+    caller changed it (as the writer would have written it with those files)."""
     for region_id in lsm.table.region_ids():
         for _, path in flushed_generations(lsm.table, region_id):
             if lsm.table.storage.list_dir(path):
                 yield lance.dataset(lsm.table.storage.child_uri(path))
+                checksums.write_checksums(lsm.table.storage, path)
 
 
 def index_generations(lsm: Lsm, column: str = "v") -> None:

@@ -94,6 +94,7 @@ def sql_rows(capsys: pytest.CaptureFixture, uri: str, opts: list[str], *extra: s
     return {r["id"]: r for r in got}
 
 
+@pytest.mark.slow_on_s3
 def test_every_command_on_a_table(capsys, tmp_path, table_uri, table_storage_options):
     uri, opts = table_uri, options_args(table_storage_options)
     files, model = write_inputs(tmp_path / "in")

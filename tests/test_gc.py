@@ -48,6 +48,7 @@ def _wal_entries(table) -> int:
     )
 
 
+@pytest.mark.slow_on_s3
 def test_gc_keeps_what_time_travel_reaches_then_removes_it(table_uri, table_storage_options):
     table = create(table_uri, table_storage_options)
     work = Workload(table, seed=2)
@@ -163,6 +164,7 @@ def test_interleaving_keeps_every_invariant(ops, seed):
             writer.close()
 
 
+@pytest.mark.slow_on_s3
 def test_writer_merger_and_gc_threads_at_once(table_uri, table_storage_options):
     table = create(table_uri, table_storage_options, regions=2)
     work = Workload(table, seed=9)

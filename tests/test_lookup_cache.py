@@ -126,6 +126,7 @@ def test_generation_rows_come_from_memory_once_loaded(
     assert one.to_pylist() == [{"id": 2, "_tombstone": False}]
 
 
+@pytest.mark.slow_on_s3
 def test_lookups_see_every_change_with_copies_loaded(
     table_uri: str, table_storage_options: dict[str, str] | None
 ) -> None:

@@ -105,8 +105,9 @@ def test_crash_after_the_delete_pass_then_a_new_merger(tmp_path):
     table = work.table
     region = next(r for r in table.region_ids() if _has_tombstones(table, r, 1))
     ds = lance.dataset(table.uri)
-    _, dead = merger._Merger(table, None)._read(dict(flushed_generations(table, region))[1], ds.schema)
-    assert dead.num_rows and merger._Merger._commit(ds.merge_insert("id").when_matched_delete(), dead)
+    first = merger._Merger(table, None)
+    _, dead = first._read(dict(flushed_generations(table, region))[1], ds.schema)
+    assert dead.num_rows and first._commit(ds.merge_insert("id").when_matched_delete(), dead)
     # pass 1 committed, pass 2 never ran
     assert merged_generation(table, region) == 0
     assert stored_rows(table) == work.model  # the unmerged generation still hides the deleted keys
@@ -141,6 +142,7 @@ def test_crash_after_commit_is_not_merged_again(tmp_path):
     assert base_rows(table) == work.model
 
 
+@pytest.mark.slow_on_s3
 def test_concurrent_mergers_threads(table_uri, table_storage_options):
     work = _with_generations(table_uri, table_storage_options, 4, seed=11)
     table = work.table

@@ -85,6 +85,7 @@ def _check(ctx: datafusion.SessionContext, model: Model, latest: int, rng: rando
 
 
 @pytest.mark.parametrize("consistency", ["latest", pytest.param("snapshot", marks=pytest.mark.slow)])
+@pytest.mark.slow_on_s3
 def test_a_registered_table_stays_fresh_across_maintain_rounds(
     table_uri: str,
     table_storage_options: dict[str, str] | None,

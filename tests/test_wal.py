@@ -22,7 +22,14 @@ from memwal_df.format.open_storage import open_storage
 from memwal_df.format.regions.spec import lance_field_ids
 from memwal_df.format.rows import TOMBSTONE, wal_schema
 from memwal_df.format.storage import Storage
-from memwal_df.format.wal import Wal, WalEntry, decode_entry, encode_entry, encode_fence_sentinel
+from memwal_df.format.wal import (
+    CHECKSUM_KEY,
+    Wal,
+    WalEntry,
+    decode_entry,
+    encode_entry,
+    encode_fence_sentinel,
+)
 
 PK = "lance-schema:unenforced-primary-key"
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -111,6 +118,27 @@ def raw_schema(data: bytes) -> pa.Schema:
     return ipc.open_stream(data).schema
 
 
+def unchecked_metadata(schema: pa.Schema) -> dict[bytes, bytes]:
+    """A fence sentinel's schema metadata without the checksum key, after checking its form."""
+    meta = dict(schema.metadata or {})
+    checksum = meta.pop(CHECKSUM_KEY)
+    assert len(checksum) == 10 and checksum.isdigit()
+    return meta
+
+
+def last_batch_metadata(data: bytes) -> dict[bytes, bytes]:
+    """The custom metadata of the last batch message of an entry (where its checksum is)."""
+    reader = ipc.open_stream(data)
+    found = []
+    while True:
+        try:
+            found.append(reader.read_next_batch_with_custom_metadata().custom_metadata)
+        except StopIteration:
+            break
+    assert all(m is None for m in found[:-1])
+    return dict(found[-1])
+
+
 @pytest.fixture
 def storage(table_uri: str, table_storage_options: dict[str, str] | None) -> Storage:
     return open_storage(table_uri, table_storage_options)
@@ -138,11 +166,15 @@ def test_encode_decode_round_trip_multi_batch() -> None:
     data = entry_bytes(batches, writer_epoch=7, generation=3)
     assert data[:4] == b"\xff\xff\xff\xff" and data.endswith(EOS) and b"ARROW1" not in data  # IPC stream
     assert raw_schema(data).metadata == {b"generation": b"3", b"writer_epoch": b"7"}  # decimal strings
+    checksum = last_batch_metadata(data)[CHECKSUM_KEY]  # in the last batch message, not the schema
+    assert len(checksum) == 10 and checksum.isdigit()
     entry = decode_entry(data, 12, "some/path.arrow")
     assert isinstance(entry, WalEntry)
     assert (entry.position, entry.writer_epoch, entry.generation, entry.is_sentinel) == (12, 7, 3, False)
     assert entry.num_rows == 3 + 1 + 50
     assert_same_batches(entry.batches, batches)
+    for b in entry.batches:
+        assert b.schema.metadata == {b"generation": b"3", b"writer_epoch": b"7"}
     dead = entry.batches[1].to_pylist()[0]
     assert dead["id"] == 2 and dead[TOMBSTONE] is True
     assert all(v is None for k, v in dead.items() if k not in ("id", TOMBSTONE))
@@ -190,20 +222,24 @@ def test_round_trip_property(batches_rows: list, epoch: int, generation: int) ->
     assert_same_batches(entry.batches, batches)
 
 
-def _stream_writer_bytes(batches: list[pa.RecordBatch], writer_epoch: int, generation: int) -> bytes:
-    """The reference encoding: the batches through pyarrow's IPC stream writer."""
+def _stream_writer_bytes(
+    batches: list[pa.RecordBatch], writer_epoch: int, generation: int, checksum: bytes | None = None
+) -> bytes:
+    """The reference encoding: the batches through pyarrow's IPC stream writer, with `checksum` as
+    the checksum key's value in the last batch message (none: an unchecked entry, as Lance writes)."""
     meta = {b"generation": str(generation).encode(), b"writer_epoch": str(writer_epoch).encode()}
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, batches[0].schema.with_metadata(meta)) as w:
-        for b in batches:
+        for b in batches[:-1]:
             w.write_batch(b)
+        w.write_batch(batches[-1], None if checksum is None else {CHECKSUM_KEY: checksum})
     return sink.getvalue().to_pybytes()
 
 
 @pytest.mark.parametrize("dictionary", ["none", "top-level", "nested"])
 def test_encoding_equals_the_stream_writer(dictionary: str) -> None:
-    """Entries assembled from IPC messages are the stream writer's bytes; dictionary columns (which
-    need dictionary messages) go through the stream writer and still decode whole."""
+    """Entries are the stream writer's bytes, the last batch written with the checksum as its message
+    metadata; entries with dictionary columns (and dictionary messages) decode whole."""
     table = rows([1, 2, 3, 4, 5])
     if dictionary != "none":
         names = pa.array(["a", "b", None, "a", "c"]).dictionary_encode()
@@ -218,7 +254,7 @@ def test_encoding_equals_the_stream_writer(dictionary: str) -> None:
         for i, t in enumerate((full.slice(0, 2), full.slice(2)))
     ]
     data = entry_bytes(batches, 3, 9)
-    assert data == _stream_writer_bytes(batches, 3, 9)
+    assert data == _stream_writer_bytes(batches, 3, 9, last_batch_metadata(data)[CHECKSUM_KEY])
     assert_same_batches(decode_entry(data, 1, "p").batches, batches)
 
 
@@ -227,7 +263,7 @@ def test_fence_sentinel_shape() -> None:
     assert data.endswith(EOS)
     reader = ipc.open_stream(data)
     assert len(reader.schema) == 0  # an empty schema: no fields at all
-    assert reader.schema.metadata == {b"fence_sentinel": b"true", b"writer_epoch": b"5"}  # no generation
+    assert unchecked_metadata(reader.schema) == {b"fence_sentinel": b"true", b"writer_epoch": b"5"}  # no gen.
     assert list(reader) == []  # zero batches
     entry = decode_entry(data, 4, "p")
     assert entry == WalEntry(4, 5, None, (), True)
@@ -273,7 +309,7 @@ def test_decode_native_entries(table_uri: str, table_storage_options: dict[str, 
     native_sentinel = storage.get(wal.path(sentinel.position))
     ours = encode_fence_sentinel(2)
     assert raw_schema(native_sentinel) == raw_schema(ours)
-    assert raw_schema(native_sentinel).metadata == raw_schema(ours).metadata
+    assert raw_schema(native_sentinel).metadata == unchecked_metadata(raw_schema(ours))
     assert len(native_sentinel) == 200  # arrow-rs; pyarrow's bytes differ but decode the same
     assert decode_entry(ours, sentinel.position, "p") == decode_entry(native_sentinel, sentinel.position, "p")
 
@@ -404,12 +440,24 @@ def test_random_bytes_only_raise_corrupt(data: bytes, with_eos: bool) -> None:
         pass
 
 
+def unchecked(data: bytes) -> bytes:
+    """The same entry without the checksum key, as Lance's writer writes entries."""
+    reader = ipc.open_stream(data)
+    meta = {k: v for k, v in reader.schema.metadata.items() if k != CHECKSUM_KEY}
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, reader.schema.with_metadata(meta)) as w:
+        for b in reader:
+            w.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
 @HYP
 @given(st.data())
-def test_flipped_bytes_decode_whole_or_raise_corrupt(data: st.DataObject) -> None:
-    """Corrupted bytes raise CorruptWalEntryError and nothing else, or decode into valid batches.
-    (The format has no checksum: a flip in a buffer, or even in a row count, can go unnoticed.)"""
-    raw = bytearray(data.draw(st.sampled_from([small_entry(), tombstone_heavy_entry()])))
+def test_flipped_bytes_of_unchecked_entries_decode_whole_or_raise_corrupt(data: st.DataObject) -> None:
+    """Corrupted bytes of an entry without checksum raise CorruptWalEntryError and nothing else, or
+    decode into valid batches (a flip in a buffer, or even in a row count, can go unnoticed there;
+    test_wal_checksums.py covers entries with one)."""
+    raw = bytearray(unchecked(data.draw(st.sampled_from([small_entry(), tombstone_heavy_entry()]))))
     full = decode_entry(bytes(raw), 1, "p")
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, len(raw) - 1))

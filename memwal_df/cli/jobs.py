@@ -103,14 +103,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "repair",
-        help="set a region's corrupt WAL entries aside so the region can be claimed again",
+        help="set a region's corrupt WAL entries aside, rebuild or set aside its corrupt generations",
         description="Show what repairing the region's WAL loses: the corrupt entry files (and, with "
         "--discard-later, the valid entries after a corrupt one, with their row counts). With --yes, "
         "claim the region with a new writer epoch (fencing any active writer), move those files to "
         "_mem_wal/REGION/quarantine/epoch-E/ (nothing is deleted) and put a fence sentinel in the first "
         "one's place, so writers and recover replay the region again. A corrupt entry followed by "
         "valid ones is refused without --discard-later: setting it aside alone would hide the later "
-        "entries from replay.",
+        "entries from replay. A corrupt unmerged generation is rebuilt from the WAL entries that hold "
+        "its rows, or, when they are gone, dropped from the region manifest (its rows are lost); its "
+        "files go to _mem_wal/REGION/quarantine/generations/.",
     )
     c.add_table(p)
     p.add_argument("--region", required=True, help="the region id (memwal status lists corrupt regions)")
@@ -238,9 +240,9 @@ def run_repair(args: argparse.Namespace) -> int:
     region_id = parse_region_id(args.region, "--region")
     plan = table.repair_region(region_id, apply=args.yes, discard_later=args.discard_later)
     hint = ""
-    if (plan.entries or plan.covered) and not plan.applied:
-        hint = "\nnothing was changed; run again with --yes to set these entries aside"
-    elif plan.applied:
+    if (plan.entries or plan.covered or plan.generations) and not plan.applied:
+        hint = "\nnothing was changed; run again with --yes to repair"
+    elif plan.applied and plan.entries:
         hint = f"\nthe region can be claimed again: run `memwal recover {args.uri}` to replay it"
     c.emit(args, {**c.plain(plan), "rows_lost": plan.rows_lost}, lambda: plan.describe() + hint)
     return c.Exit.OK

@@ -1,7 +1,8 @@
 """`memwal status`: the base table's health (fragments, deletion files, compaction debt, index
 segments and coverage, the maintain loop's last error per job), regions, writer epochs, generations,
 merge and index catch-up progress, and the registered change-feed consumers (how far behind each is,
-whether it still pins garbage collection). Exits with code 1 when a region is corrupt."""
+whether it still pins garbage collection). Exits with code 1 when a region manifest, WAL entry or
+unmerged generation is corrupt."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "index's segments and coverage, the maintain loop's last error per job); regions (one row "
         "each), their writer epoch, flushed and merged generations, WAL positions and, per maintained "
         "base index, the generation its catch-up covers; then each region whose manifest or "
-        "unreplayed WAL entry cannot be decoded (file and error; exit code 1); then the registered "
-        "change-feed consumers.",
+        "unreplayed WAL entry cannot be decoded, and each unmerged generation whose files do not match "
+        "their checksums (file and error; exit code 1); then the registered change-feed consumers.",
     )
     c.add_table(p)
     p.add_argument(
@@ -32,13 +33,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not decode the unflushed WAL entries (one read per entry) to find corrupt ones",
     )
+    p.add_argument(
+        "--no-generation-check",
+        action="store_true",
+        help="do not verify the files of unmerged generations against their checksums (reads them all)",
+    )
     c.add_json(p)
     p.set_defaults(run=run)
 
 
-def collect(table: Table, check_wal: bool = True) -> dict[str, Any]:
+def collect(table: Table, check_wal: bool = True, check_generations: bool = True) -> dict[str, Any]:
     """`table.status()` plus, per region, the unmerged generations and each index's catch-up."""
-    st = table.status(check_wal=check_wal)
+    st = table.status(check_wal=check_wal, check_generations=check_generations)
     catchup = memwal_index.index_catchup(table.details)
     regions = []
     for r in st["regions"]:
@@ -77,7 +83,9 @@ def _consumers(table: Table, regions: list[RegionStatus]) -> list[dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> int:
-    info = collect(c.table_of(args), check_wal=not args.no_wal_check)
+    info = collect(
+        c.table_of(args), check_wal=not args.no_wal_check, check_generations=not args.no_generation_check
+    )
     c.emit(args, info, lambda: text(info))
     return c.Exit.FAILED if info["corrupt_regions"] else c.Exit.OK
 
@@ -187,7 +195,10 @@ def _corrupt_text(info: dict[str, Any]) -> list[str]:
     corrupt = info["corrupt_regions"]
     if not corrupt:
         return []
-    lines = ["", f"CORRUPT: {c.count(len(corrupt), 'region')} with a file that cannot be decoded:"]
+    lines = [
+        "",
+        f"CORRUPT: {c.count(len(corrupt), 'damaged file')} (undecodable, or not matching its checksum):",
+    ]
     for p in corrupt:
         lines.append(f"  region {p['region_id']}: {p['kind']} {p['path']}")
         lines.append(f"    {p['error']}")

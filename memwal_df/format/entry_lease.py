@@ -55,8 +55,9 @@ def current(storage: Storage) -> Lease | None:
     return _lease.current(storage, LEASE_DIR)
 
 
-def fence(uri: str, storage_options: dict[str, str] | None) -> int:
-    """Commit a no-op `Merge` (same fragments, same schema) on the latest version; returns its version.
+def fence(storage: Storage, uri: str, storage_options: dict[str, str] | None) -> int:
+    """Commit a no-op `Merge` (same fragments, same schema) on the latest version; returns its version,
+    durable (`storage` is the table's).
 
     Lance conflicts it with any commit that lands between its read and its commit, so it is retried
     on a fresh read; `CommitConflictError` after `_FENCE_ATTEMPTS` lost races."""
@@ -64,14 +65,15 @@ def fence(uri: str, storage_options: dict[str, str] | None) -> int:
         ds = lance.dataset(uri, storage_options=storage_options)
         op = LanceOperation.Merge([f.metadata for f in ds.get_fragments()], ds.lance_schema)
         try:
-            done = lance.LanceDataset.commit(
-                uri,
-                op,
-                read_version=ds.version,
-                storage_options=storage_options,
-                max_retries=0,
-                commit_message=FENCE_MESSAGE,
-            )
+            with storage.synced_changes(skip=layout.NOT_BASE):
+                done = lance.LanceDataset.commit(
+                    uri,
+                    op,
+                    read_version=ds.version,
+                    storage_options=storage_options,
+                    max_retries=0,
+                    commit_message=FENCE_MESSAGE,
+                )
         except lance.commit.CommitConflictError:
             continue
         except OSError as e:
@@ -106,7 +108,7 @@ def exclusive(
     details to commit only inside (at or after that version), and commit before leaving."""
     lease = acquire(storage, ttl)
     try:
-        yield fence(uri, storage_options)
+        yield fence(storage, uri, storage_options)
     finally:
         release(storage, lease)
 
@@ -119,6 +121,6 @@ def admit(storage: Storage, uri: str, storage_options: dict[str, str] | None) ->
         return True
     cur = _wait_while_active(storage, cur)
     if cur is not None and not cur.released:  # expired: its holder may still commit, fence it out
-        fence(uri, storage_options)
+        fence(storage, uri, storage_options)
         _lease.take(storage, LEASE_DIR, cur, "takeover", timedelta(0), released=True)
     return False

@@ -5,6 +5,8 @@ _mem_wal/{region_uuid}/manifest/{bitrev64(version)}.binpb   region manifest vers
 _mem_wal/{region_uuid}/manifest/version_hint.json            {"version":N}
 _mem_wal/{region_uuid}/wal/{bitrev64(position)}.arrow         WAL entries (from 1)
 _mem_wal/{region_uuid}/{hex8}_gen_{g}/                        flushed generation (a Lance table)
+_mem_wal/{region_uuid}/{hex8}_gen_{g}/_memwal_checksums.json  its files' sizes and checksums
+_mem_wal/{region_uuid}/quarantine/                            files a repair set aside
 _mem_wal/_entry_lease/{epoch:020}.json                        MemWAL index-entry writer lease
 _mem_wal/_write_leases/{job}/{region_uuid}/{epoch:020}.json   a Spark write job's region leases
 _mem_wal/_streams/{query_uuid}/{batch:020}.json               a committed micro-batch of a Spark stream
@@ -22,6 +24,7 @@ import uuid
 from memwal_df.errors import InvalidArgumentError
 
 MEM_WAL_DIR = "_mem_wal"
+NOT_BASE = (MEM_WAL_DIR,)  # top-level entries of a table's directory that are not the base table's
 ENTRY_LEASE_DIR = f"{MEM_WAL_DIR}/_entry_lease"  # not a region: region_ids() skips non-UUID names
 WRITE_LEASE_DIR = f"{MEM_WAL_DIR}/_write_leases"  # (neither)
 STREAMS_DIR = f"{MEM_WAL_DIR}/_streams"  # (neither)
@@ -30,6 +33,7 @@ MANIFEST_DIR = "manifest"
 WAL_DIR = "wal"
 VERSION_HINT = "version_hint.json"
 BLOOM_FILTER_FILE = "bloom_filter.bin"
+CHECKSUMS_FILE = "_memwal_checksums.json"  # a generation's checksum sidecar (`format.checksums`)
 PK_INDEX_DIR = "_pk_index"
 
 # Matched with fullmatch: `$` would also accept a trailing newline. ASCII digits only (`\d` and int()
@@ -125,3 +129,14 @@ def parse_generation_dir_name(name: str) -> tuple[str, int] | None:
 
 def generation_path(region_id: uuid.UUID | str, dir_name: str) -> str:
     return f"{region_dir(region_id)}/{dir_name}"
+
+
+def parse_generation_path(path: str) -> tuple[uuid.UUID, int] | None:
+    """(region id, generation) of a generation directory path `_mem_wal/{region}/{hex8}_gen_{g}`, or None."""
+    parts = path.split("/")
+    if len(parts) != 3 or parts[0] != MEM_WAL_DIR or (name := parse_generation_dir_name(parts[2])) is None:
+        return None
+    try:
+        return uuid.UUID(parts[1]), name[1]
+    except ValueError:
+        return None

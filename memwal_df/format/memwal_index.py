@@ -33,7 +33,7 @@ from memwal_df.errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from memwal_df.format import entry_lease
+from memwal_df.format import entry_lease, layout
 from memwal_df.format.base_manifest import latest_version, primary_key, read_index_section_with_path
 from memwal_df.format.native_init_kwargs import native_init_kwargs
 from memwal_df.format.open_storage import open_storage
@@ -195,7 +195,8 @@ def _commit_details(
     removed: Sequence[pb.IndexMetadata],
     storage_options: dict[str, str] | None,
 ) -> int:
-    """Commit a `CreateIndex` that puts `details` in a fresh MemWAL entry; returns the new version."""
+    """Commit a `CreateIndex` that puts `details` in a fresh MemWAL entry; returns the new version,
+    durable."""
     new = Index(
         uuid=str(uuid.uuid4()),
         name=MEMWAL_INDEX_NAME,
@@ -220,12 +221,13 @@ def _commit_details(
         for m in removed
     ]
     try:
-        ds = lance.LanceDataset.commit(
-            uri,
-            LanceOperation.CreateIndex(new_indices=[new], removed_indices=gone),
-            read_version=read_version,
-            storage_options=storage_options,
-        )
+        with open_storage(uri, storage_options).synced_changes(skip=layout.NOT_BASE):
+            ds = lance.LanceDataset.commit(
+                uri,
+                LanceOperation.CreateIndex(new_indices=[new], removed_indices=gone),
+                read_version=read_version,
+                storage_options=storage_options,
+            )
     except lance.commit.CommitConflictError as e:
         raise CommitConflictError(f"MemWAL index commit on version {read_version} lost a race: {e}") from e
     return int(ds.version)
@@ -261,7 +263,8 @@ def initialize(
         _commit_details(uri, details, version, version, [], storage_options)
         return
     try:
-        ds.initialize_mem_wal(**kwargs)
+        with storage.synced_changes(skip=layout.NOT_BASE):
+            ds.initialize_mem_wal(**kwargs)
     except (TypeError, OverflowError):  # a value pylance cannot convert; nothing was committed
         _commit_details(uri, details, version, version, [], storage_options)
         return

@@ -18,6 +18,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -241,7 +242,7 @@ class ObjectStorage(Storage):
         except Exception as e:
             raise self._error("put", path, e) from e
 
-    def sync_tree(self, prefix: str) -> None:
+    def sync_tree(self, prefix: str, skip: Collection[str] = ()) -> None:
         """Nothing to do: a PUT is durable when it returns."""
 
     def get(self, path: str) -> bytes:

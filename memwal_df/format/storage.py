@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # What a write takes: bytes, or a zero-copy view (an encoded WAL entry is a view of an Arrow buffer).
@@ -123,8 +125,17 @@ class Storage(ABC):
         """URI of `path` under the root, for pylance (use it with `self.storage_options`)."""
 
     @abstractmethod
-    def sync_tree(self, prefix: str) -> None:
-        """Make everything under `prefix` durable, files written by others (pylance) included."""
+    def sync_tree(self, prefix: str, skip: Collection[str] = ()) -> None:
+        """Make everything under `prefix` durable, files written by others (pylance) included;
+        `skip` names top-level entries under `prefix` to leave out."""
+
+    @contextmanager
+    def synced_changes(self, prefix: str = "", skip: Collection[str] = ()) -> Iterator[None]:
+        """Make what the block writes, renames or removes under `prefix` durable before it exits
+        (also when it raises): the files it created or changed and the directories whose entries it
+        changed. `skip` as in `sync_tree`. On object stores there is nothing to do: a completed PUT
+        or DELETE is durable."""
+        yield
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"

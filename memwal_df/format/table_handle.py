@@ -33,6 +33,23 @@ from memwal_df.format.regions.values import (
 from memwal_df.format.schema import TableSchema
 from memwal_df.format.storage import Storage
 
+# Capacities of the Lance caches a handle keeps for the life of the process (one per handle). The
+# index cache holds what queries load of base indexes (IVF centroids and PQ codes, B-tree pages,
+# inverted lists), the metadata cache manifests, fragment and deletion metadata.
+INDEX_CACHE_BYTES = 512 * 2**20
+METADATA_CACHE_BYTES = 128 * 2**20
+# A handle starts a fresh session (its caches empty) once more index segments it has seen were
+# replaced than are live, and at least this many.
+RETIRED_SEGMENTS = 8
+
+
+def _new_session() -> Any:
+    """A Lance session (index and metadata caches) of the capacities above; lance leaves `Session`
+    out of its `__all__`."""
+    return lance.Session(  # type: ignore[attr-defined]
+        index_cache_size_bytes=INDEX_CACHE_BYTES, metadata_cache_size_bytes=METADATA_CACHE_BYTES
+    )
+
 
 class TableHandle:
     """An open MemWAL table on storage. Cheap to create; `refresh()` re-reads the base table and
@@ -42,8 +59,9 @@ class TableHandle:
         self.storage: Storage = open_storage(uri, storage_options)
         self.uri = self.storage.uri
         self.storage_options = dict(storage_options or {})
-        # Lance's index/metadata caches, kept across refreshes (lance leaves Session out of its __all__)
-        self._session: lance.Session | None = None  # type: ignore[name-defined]
+        # Lance's index/metadata caches, kept across refreshes (see `_cached_segments`)
+        self._session = _new_session()
+        self._cached_segments: set[str] = set()
         self._region_keys: dict[uuid.UUID, tuple[int, tuple[Any, ...] | None]] = {}
         self._maintained: tuple[int, tuple[MaintainedIndex, ...]] = (-1, ())
         self.refresh()
@@ -55,6 +73,7 @@ class TableHandle:
             ds = lance.dataset(self.uri, storage_options=self.storage_options or None, session=self._session)
         except (ValueError, OSError) as e:
             raise TableNotFoundError(f"no Lance table at {self.uri}") from e
+        ds = self._retire_cached(ds)
         found = memwal_index.read_details(self.uri, self.storage_options or None, version=ds.version)
         if found is None:
             raise TableNotFoundError(
@@ -62,7 +81,6 @@ class TableHandle:
             )
         self.dataset = ds
         self._opened_version = ds.version
-        self._session = ds.session()
         self.details = found[0]
         pk = base_manifest.primary_key(ds.schema)
         self.schema = TableSchema(ds.schema, tuple(pk), lance_field_ids(ds))
@@ -70,6 +88,21 @@ class TableHandle:
         self.spec = RegionSpec.from_proto(specs[-1]) if specs else None
         self._specs = {s.spec_id: RegionSpec.from_proto(s) for s in specs}
         self.data_storage_version = ds.data_storage_version
+
+    def _retire_cached(self, ds: lance.LanceDataset) -> lance.LanceDataset:
+        """`ds`, opened in a fresh session when the current one has cached more retired index
+        segments than live ones (and at least `RETIRED_SEGMENTS`): every round of jobs replaces
+        segments (catch-up deltas, consolidation, compaction's remap) and Lance's caches evict only
+        when full, so a handle kept for days would otherwise grow up to their capacities."""
+        live = {str(s.uuid) for d in ds.describe_indices() for s in d.segments}
+        self._cached_segments |= live
+        if len(self._cached_segments - live) <= max(RETIRED_SEGMENTS, len(live)):
+            return ds
+        self._session = _new_session()
+        self._cached_segments = live
+        return lance.dataset(
+            self.uri, version=ds.version, storage_options=self.storage_options or None, session=self._session
+        )
 
     def sync(self) -> None:
         """`refresh()` unless the open version is still the base table's latest (a Lance version

@@ -45,7 +45,7 @@ import lance.commit
 import numpy as np
 
 from memwal_df.errors import CommitConflictError, InvalidConfigError
-from memwal_df.format import memwal_index
+from memwal_df.format import layout, memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.jobs.index_catchup import progress_entry
 from memwal_df.jobs.merger import LOST_RACE
@@ -195,13 +195,14 @@ def compact(table: TableHandle, settings: CompactionSettings | None = None) -> C
         before = _catchup(table, ds.version)
         keep = [f for f in found.fragment_ids if f not in found.candidates]
         try:
-            metrics = ds.optimize.compact_files(
-                target_rows_per_fragment=settings.target_rows_per_fragment,
-                materialize_deletions=True,
-                materialize_deletions_threshold=_lance_threshold(settings.max_deleted_share),
-                defer_index_remap=False,
-                excluded_fragment_ids=keep,
-            )
+            with table.storage.synced_changes(skip=layout.NOT_BASE):
+                metrics = ds.optimize.compact_files(
+                    target_rows_per_fragment=settings.target_rows_per_fragment,
+                    materialize_deletions=True,
+                    materialize_deletions_threshold=_lance_threshold(settings.max_deleted_share),
+                    defer_index_remap=False,
+                    excluded_fragment_ids=keep,
+                )
         except lance.commit.CommitConflictError as e:
             log.info("compaction lost a commit race (attempt %d): %s", attempt + 1, e)
         except OSError as e:

@@ -36,7 +36,9 @@ and, outside the regions:
    listings) in the directories memwal_df writes single files to (region manifests, WAL, consumers,
    stream commits, leases), once older than `grace` and at least `TEMP_FILE_MIN_AGE`, so that a write
    in flight keeps its file. Object stores leave none: memwal_df's own puts are single requests.
-Readers skip garbage-collected generation directories; see `docs/background-jobs.md`.
+Readers skip garbage-collected generation directories; see `docs/background-jobs.md`. Before it
+removes anything, GC makes the base table's files durable (on local storage: every file and directory
+outside `_mem_wal/`), so no power loss can take back a base version that absorbed what it removes.
 
 **Cost per run.** What a run reads is bounded by what it keeps, not by how long the table ran: one
 listing of the base table's `_versions/`, and base manifests, WAL entries and region manifest versions
@@ -171,6 +173,9 @@ def gc(
         storage = table.storage
         found = consumers.list_consumers(storage)
         floors = removable_generations(table, regions, grace, found, memo)
+        # The base versions that absorbed what goes now are durable before it goes (Lance does not
+        # fsync; another process's commit may not have synced yet).
+        storage.sync_tree("", skip=layout.NOT_BASE)
         done, failed = each_region(
             lambda r: _region(storage, r, floors[r], keep_manifest_versions, memo), regions
         )

@@ -33,13 +33,14 @@ import lance
 import lance.commit
 
 from memwal_df.errors import CommitConflictError
-from memwal_df.format import memwal_index
+from memwal_df.format import layout, memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.jobs import index_upkeep, merger
 from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 from memwal_df.read.cache import described_indices
 
 if TYPE_CHECKING:
+    from memwal_df.format.storage import Storage
     from memwal_df.format.table_handle import TableHandle
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def _rebuild(
         plan = index_upkeep.plan(description, new_rows, record, upkeep)
         if not (set(rows) - covered) and not plan.merges_segments:
             continue
-        _optimize(ds, name, plan.kwargs)
+        _optimize(table.storage, ds, name, plan.kwargs)
         rebuilt[name] = plan
         ds = lance.dataset(table.uri, storage_options=options)
         after = next((d for d in described_indices(ds) if d.name == name), None)
@@ -192,9 +193,11 @@ def _fragment_ids(ds: lance.LanceDataset) -> set[int]:
     return {f.fragment_id for f in ds.get_fragments()}
 
 
-def _optimize(ds: lance.LanceDataset, name: str, kwargs: dict[str, object]) -> None:
+def _optimize(storage: Storage, ds: lance.LanceDataset, name: str, kwargs: dict[str, object]) -> None:
+    """Lance's `optimize_indices` of one index, durable when it returns."""
     try:
-        ds.optimize.optimize_indices(index_names=[name], **kwargs)
+        with storage.synced_changes(skip=layout.NOT_BASE):
+            ds.optimize.optimize_indices(index_names=[name], **kwargs)
     except lance.commit.CommitConflictError as e:
         raise CommitConflictError(f"rebuilding index {name} lost a commit race: {e}") from e
     except OSError as e:

@@ -34,6 +34,7 @@ import lance
 from lance import CleanupStats
 
 from memwal_df.errors import CommitConflictError, CorruptRegionsError, InvalidConfigError
+from memwal_df.format import layout
 from memwal_df.jobs import compaction, garbage, health, index_builder, index_catchup, merger
 from memwal_df.jobs.compaction import CompactionSettings
 from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
@@ -112,14 +113,20 @@ def maintain(
 def cleanup_versions(table: TableHandle, older_than: timedelta, keep: int | None = None) -> CleanupStats:
     """Remove base versions older than `older_than` but the newest `keep` (never the latest, never a
     tagged one) and the files only they reference; files no version references are kept until
-    Lance's own 7-day cut-off, as they may belong to a commit in flight."""
+    Lance's own 7-day cut-off, as they may belong to a commit in flight.
+
+    The base is made durable first (a version this removes may be the one a power loss would fall
+    back to if a newer one, committed by another process, was not yet synced), and the removals
+    when it returns."""
     ds = lance.dataset(table.uri, storage_options=table.storage_options or None)
-    return ds.cleanup_old_versions(
-        older_than=older_than,
-        retain_versions=keep,
-        delete_unverified=False,
-        error_if_tagged_old_versions=False,
-    )
+    table.storage.sync_tree("", skip=layout.NOT_BASE)
+    with table.storage.synced_changes(skip=layout.NOT_BASE):
+        return ds.cleanup_old_versions(
+            older_than=older_than,
+            retain_versions=keep,
+            delete_unverified=False,
+            error_if_tagged_old_versions=False,
+        )
 
 
 def run_round(number: int, jobs: dict[str, Callable[[], Any]]) -> Round:

@@ -15,6 +15,11 @@ the run's net effect: a key put and deleted again within the run is deleted, one
 again is upserted.
 
 Guarantees:
+- A generation is merged only after its files match their checksum sidecar (checked on every read,
+  never from a cache; `memwal_df.format.checksums`), or, for a generation without one (Lance's own),
+  its row count matches its region manifest entry and no primary key repeats. A corrupt generation
+  stops its region's merge with `CorruptGenerationError` (the generations before it are merged);
+  the other regions merge.
 - Merge progress never goes backwards and no generation is merged twice or after a newer one: each
   pass commits from a pinned base version `R` at which the generation is unmerged, without Lance's
   conflict retries (Lance would re-execute it on a newer version, past that check); pass 2 first waits
@@ -54,11 +59,12 @@ from lance.mem_wal import CompactedSsTable
 
 from memwal_df.errors import (
     CommitConflictError,
+    CorruptGenerationError,
     CorruptRegionsError,
     InvalidConfigError,
     MissingGenerationError,
 )
-from memwal_df.format import entry_lease, layout, memwal_index
+from memwal_df.format import checksums, entry_lease, layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
@@ -130,7 +136,8 @@ def merge(
     Raises `InvalidConfigError` for a bad argument, `MissingGenerationError`
     when an unmerged generation listed in a region manifest is gone, `CommitConflictError` when a
     generation keeps losing commit races, and, after merging every other region,
-    `CorruptRegionsError` (`result`: this `MergeResult`) for regions whose manifest cannot be decoded."""
+    `CorruptRegionsError` (`result`: this `MergeResult`) for regions whose manifest cannot be decoded
+    or whose next generation is corrupt (`CorruptGenerationError`)."""
     if max_generations is not None and max_generations < 1:
         raise InvalidConfigError(f"max_generations must be >= 1, got {max_generations}")
     if generations_per_commit < 1:
@@ -262,8 +269,16 @@ class _Merger:
                     if self._merged(region_id, gen):
                         return None
                     raise
+                except CorruptGenerationError:
+                    if gen == pending[0][0]:
+                        raise
+                    break  # merge the generations before it; the next run stops at it
         columns = rows[pending[0][0]].column_names
-        gens = tuple(itertools.takewhile(lambda g: rows[g].column_names == columns, (g for g, _ in pending)))
+
+        def same(g: int) -> bool:  # read, with the first one's columns
+            return g in rows and rows[g].column_names == columns
+
+        gens = tuple(itertools.takewhile(same, (g for g, _ in pending)))
         tables = [rows[g] for g in gens]
         both = tables[0] if len(tables) == 1 else last_per_key(pa.concat_tables(tables), self.pk)
         dead = pc.fill_null(both.column(TOMBSTONE), False)
@@ -281,11 +296,26 @@ class _Merger:
         return lance.dataset(self.uri, storage_options=self.options)
 
     def _rows(self, path: str, base: pa.Schema) -> pa.Table:
-        """A generation's rows with `_tombstone`, the other columns cast to `base`."""
+        """A generation's rows with `_tombstone`, the other columns cast to `base`, read only after
+        its files match their checksums (or, without a checksum sidecar, `checksums.check_rows`
+        passes); `CorruptGenerationError` otherwise."""
+        found = layout.parse_generation_path(path)
+        assert found is not None, path
+        region_id, gen = found
+        outcome = checksums.verify_generation(self.storage, region_id, gen, path)
         try:
-            rows = lance.dataset(self.storage.child_uri(path), storage_options=self.options).to_table()
+            if outcome == checksums.GONE:
+                raise ValueError("its directory is gone")
+            ds = lance.dataset(self.storage.child_uri(path), storage_options=self.options)
+            rows = ds.to_table()
         except (ValueError, OSError) as e:
             raise MissingGenerationError(f"flushed generation {path} cannot be read: {e}") from e
+        if outcome == checksums.UNCHECKED:
+            m = RegionManifestStore(self.storage, region_id).latest()
+            name = path.rsplit("/", 1)[1]
+            listed = next((s.physical_rows for s in m.sstables if s.path == name), 0) if m is not None else 0
+            physical = sum(f.metadata.physical_rows for f in ds.get_fragments())
+            checksums.check_rows(rows, physical, listed, self.pk, region_id, gen, path)
         fields = [base.field(n) if n != TOMBSTONE else rows.schema.field(n) for n in rows.column_names]
         return rows.cast(pa.schema(fields))
 
@@ -296,12 +326,13 @@ class _Merger:
         rows = rows.drop_columns([TOMBSTONE])
         return rows.filter(pc.invert(dead)), rows.filter(dead)
 
-    @staticmethod
-    def _commit(builder: MergeInsertBuilder, source: pa.Table) -> bool:
+    def _commit(self, builder: MergeInsertBuilder, source: pa.Table) -> bool:
         """Execute a merge_insert from its pinned version without Lance's retries (Lance would
-        re-execute it on a newer version, past our checks); False if the commit lost a race."""
+        re-execute it on a newer version, past our checks); False if the commit lost a race. What
+        it wrote is durable when it returns."""
         try:
-            builder.conflict_retries(0).execute(source)
+            with self.storage.synced_changes(skip=layout.NOT_BASE):
+                builder.conflict_retries(0).execute(source)
         except lance.commit.CommitConflictError:
             return False
         except OSError as e:

@@ -18,6 +18,9 @@ A corrupt entry at a position flushed generations cover (at most `replay_after_w
 replay never reads it, GC does) holds no row that is not in a generation: it is set aside with the
 others, or alone, without a claim.
 
+Corrupt flushed generations are repaired by `memwal_df.jobs.generation_repair` (which `Table.repair_region`
+runs after this module's WAL plan); their fixes (`GenerationFix`) are part of the same `RepairPlan`.
+
 Guarantees: nothing is changed without `apply=True`; what is set aside is exactly the plan's
 entries; a region without damage is never touched.
 """
@@ -31,6 +34,7 @@ from typing import TypeVar
 
 from memwal_df.errors import (
     CommitConflictError,
+    CorruptGenerationError,
     CorruptManifestError,
     CorruptWalEntryError,
     NotFoundError,
@@ -43,7 +47,7 @@ from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal, encode_fence_sentinel
 
 QUARANTINE_DIR = "quarantine"
-_CORRUPT = (CorruptManifestError, CorruptWalEntryError)
+_CORRUPT = (CorruptManifestError, CorruptWalEntryError, CorruptGenerationError)
 T = TypeVar("T")
 
 
@@ -51,10 +55,10 @@ def each_region(
     fn: Callable[[uuid.UUID], T],
     ids: Sequence[uuid.UUID],
     mapper: Callable[[Callable[[uuid.UUID], object], Sequence[uuid.UUID]], Iterable[object]] = map,
-) -> tuple[list[T], dict[uuid.UUID, CorruptManifestError | CorruptWalEntryError]]:
+) -> tuple[list[T], dict[uuid.UUID, CorruptManifestError | CorruptWalEntryError | CorruptGenerationError]]:
     """`fn` of each region (through `mapper`, e.g. a pool's `map`), in order, and the errors of the
-    regions whose own manifest or WAL entry cannot be decoded (skipped; every other error propagates,
-    a corrupt file outside the region's directory too, such as a table-wide lease)."""
+    regions whose own manifest, WAL entry or flushed generation is corrupt (skipped; every other
+    error propagates, a corrupt file outside the region's directory too, such as a table-wide lease)."""
 
     def guarded(region_id: uuid.UUID) -> object:
         try:
@@ -114,6 +118,50 @@ class SetAside:
 
 
 @dataclass(frozen=True)
+class GenerationFix:
+    """One corrupt unmerged generation a repair rebuilds from the WAL entries holding its rows
+    (`wal_positions`, first and last, when all are stored and readable) or, failing that, drops from
+    the region manifest (`why_not` says why; its `rows`, as its manifest entry counts them, are
+    lost). Its corrupt directory is moved to the quarantine directory either way."""
+
+    generation: int
+    path: str  # its directory, relative to the table root
+    error: str  # why it is corrupt
+    rows: int  # physical rows its region manifest entry lists (0: not recorded)
+    wal_positions: tuple[int, int] | None  # None: it cannot be rebuilt
+    why_not: str | None  # why it cannot be rebuilt (None when it can)
+    rebuilt_rows: int | None = None  # keys the WAL entries replay to
+    # whether those account for `rows` (False: it held writes no WAL entry holds, which are lost)
+    complete: bool = True
+    rebuilt_path: str | None = None  # the rebuilt generation's directory, once applied
+
+    @property
+    def rebuild(self) -> bool:
+        return self.wal_positions is not None
+
+    def describe(self, applied: bool, quarantine: str) -> str:
+        head = f"  generation {self.generation} ({self.path}): {self.error}\n"
+        quarantine = f"{quarantine}/{self.path.rsplit('/', 1)[1]}"
+        if self.wal_positions is not None:
+            first, last = self.wal_positions
+            verb = "rebuilt" if applied else "would rebuild it"
+            where = f" as {self.rebuilt_path}" if self.rebuilt_path else ""
+            text = f"    {verb} from WAL entries {first}-{last}{where} ({self.rebuilt_rows} rows)"
+            if not self.complete:
+                text += (
+                    f"; its manifest entry lists {self.rows} rows: the writes no WAL entry holds (a "
+                    "non-durable writer's last writes before its flush) are lost"
+                )
+            return head + text + f"; its directory moves to {quarantine}"
+        verb = "set aside" if applied else "would set it aside"
+        rows = f"its {self.rows} row(s)" if self.rows else "its rows"
+        return head + (
+            f"    cannot rebuild it ({self.why_not}): {verb} as {quarantine}, dropped from the region "
+            f"manifest; {rows} are lost (readers see each key's next older version)"
+        )
+
+
+@dataclass(frozen=True)
 class RepairPlan:
     """What `repair_region` sets aside (or did, when `applied`) for one region."""
 
@@ -124,14 +172,29 @@ class RepairPlan:
     applied: bool
     # corrupt entries at positions flushed generations cover (replay never reads them): no row lost
     covered: tuple[SetAside, ...] = ()
+    generations: tuple[GenerationFix, ...] = ()  # corrupt unmerged generations
+    generation_quarantine: str | None = None  # where their corrupt files go (are)
 
     @property
     def rows_lost(self) -> int:
-        """Rows of the valid entries set aside (those of corrupt entries cannot be counted)."""
-        return sum(e.rows or 0 for e in self.entries)
+        """Rows of the valid entries and of the generations set aside (those of corrupt entries
+        cannot be counted)."""
+        return sum(e.rows or 0 for e in self.entries) + sum(g.rows for g in self.generations if not g.rebuild)
 
     def describe(self) -> str:
         """What will be (was) lost, in words an operator can check before confirming."""
+        text = self._describe_wal()
+        if not self.generations:
+            return text
+        n = len(self.generations)
+        lines = [f"region {self.region_id}: {n} corrupt generation{'s' if n > 1 else ''}:"]
+        assert self.generation_quarantine is not None
+        lines += [g.describe(self.applied, self.generation_quarantine) for g in self.generations]
+        if not (self.entries or self.covered):
+            return "\n".join(lines)
+        return text + "\n" + "\n".join(lines)
+
+    def _describe_wal(self) -> str:
         moved = len(self.entries) + len(self.covered)
         if not moved:
             return f"region {self.region_id}: no corrupt WAL entry, nothing to repair"
@@ -213,6 +276,11 @@ def _quarantine(region_id: uuid.UUID, epoch: int) -> str:
     return f"{layout.region_dir(region_id)}/{QUARANTINE_DIR}/epoch-{epoch}"
 
 
+def generation_quarantine(region_id: uuid.UUID) -> str:
+    """Where a repair moves the region's corrupt generation directories (each under its own name)."""
+    return f"{layout.region_dir(region_id)}/{QUARANTINE_DIR}/generations"
+
+
 def repair_region(
     storage: Storage, region_id: uuid.UUID, *, apply: bool = False, discard_later: bool = False
 ) -> RepairPlan:
@@ -236,7 +304,7 @@ def repair_region(
         epoch = _claim(RegionManifestStore(storage, region_id), m)
         quarantine = _quarantine(region_id, epoch)
     for e in reversed([*plan.covered, *plan.entries]):  # highest first: the positions left stay contiguous
-        _move(storage, e.path, f"{quarantine}/{e.path.rsplit('/', 1)[1]}")
+        move(storage, e.path, f"{quarantine}/{e.path.rsplit('/', 1)[1]}")
     if plan.entries:
         # Like a claiming writer: a sentinel at the first free position fences writers of older
         # epochs. If a writer of an older epoch took the position first, its entry is replayed instead.
@@ -260,7 +328,7 @@ def _claim(store: RegionManifestStore, m: pb.ShardManifest) -> int:
         m = latest
 
 
-def _move(storage: Storage, path: str, to: str) -> None:
+def move(storage: Storage, path: str, to: str) -> None:
     """Copy `path` to `to`, then delete `path` (a file already moved is skipped)."""
     try:
         data = storage.get(path)

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import ChangesExpiredError, InvalidArgumentError, MissingGenerationError
 from memwal_df.format import layout
+from memwal_df.format.checksums import verify_generation_once
 from memwal_df.format.consumers import (
     DEFAULT_EXPIRY,
     ChangeOffsets,
@@ -277,9 +278,11 @@ def _generation(
 def _scan(
     storage: Storage, region_id: uuid.UUID, g: int, path: str, columns: list[str]
 ) -> Iterator[pa.RecordBatch]:
-    """The generation's rows (`columns` and `_tombstone`) in scan order; `ChangesExpiredError` if
-    it is gone (collected), `MissingGenerationError` if it exists but cannot be read."""
+    """The generation's rows (`columns` and `_tombstone`) in scan order, its files verified;
+    `ChangesExpiredError` if it is gone (collected), `CorruptGenerationError` if a file does not
+    match its checksum, `MissingGenerationError` if it exists but cannot be read."""
     try:
+        verify_generation_once(storage, region_id, g, path)  # (gone: Lance's open below says so)
         ds = lance.dataset(storage.child_uri(path), storage_options=storage.storage_options or None)
         yield from ds.to_batches(columns=[*columns, TOMBSTONE])
     except (ValueError, OSError) as e:

@@ -6,10 +6,12 @@ derived from it kept as long as they stay valid); each kind owns how. A position
 the level's scan order: the MemTable copy's row order, or a generation's visible-row order
 (`LanceDataset.to_table()` order, which `take()` follows).
 
-Guarantees: values derived from a generation's files are kept once per process (`GENERATIONS`: a
-generation directory never changes once committed), a MemTable copy's once per copy; a generation
-that was garbage-collected reads as gone (None, `missing` set), never as an error, while one that
-exists but cannot be read raises `MissingGenerationError`.
+Guarantees: a generation's files are checked against its checksum sidecar before anything is read
+from them (once per process), and one that does not match raises `CorruptGenerationError`; values
+derived from a generation's files are kept once per process (`GENERATIONS`: a generation directory
+never changes once committed), a MemTable copy's once per copy; a generation that was
+garbage-collected reads as gone (None, `missing` set), never as an error, while one that exists but
+cannot be read raises `MissingGenerationError`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pyarrow.compute as pc
 from memwal_df.errors import MissingGenerationError, NotFoundError
 from memwal_df.format import layout
 from memwal_df.format.bloom import BloomFilter
+from memwal_df.format.checksums import GONE, verify_generation_once
 from memwal_df.format.storage import Storage
 from memwal_df.read.cache import GENERATIONS
 from memwal_df.read.fragments import fragment_take
@@ -200,11 +203,23 @@ class GenerationLevel(Level):
     def key_set_in_memory(self, primary_key: Sequence[str]) -> KeySet | None:
         return GENERATIONS.get(self.uri, _key_set_name(primary_key), lambda: None)
 
+    def verify(self) -> bool:
+        """Check the generation's files against its checksum sidecar, once per process
+        (`memwal_df.format.checksums`); False (and `missing` set) if it was garbage-collected.
+        Raises `CorruptGenerationError` naming the file that does not match."""
+        if verify_generation_once(self.storage, self.region_id, self.generation, self.path) == GONE:
+            self.missing = True
+            return False
+        return True
+
     def dataset(self) -> lance.LanceDataset | None:
-        """The generation's Lance dataset; None (and `missing` set) if it was garbage-collected."""
+        """The generation's Lance dataset, its files verified; None (and `missing` set) if it was
+        garbage-collected."""
         if self.missing:
             return None
         if self._dataset is None:
+            if not self.verify():
+                return None
             try:
                 options = self.storage.storage_options or None
                 self._dataset = self.cached(
@@ -234,8 +249,11 @@ class GenerationLevel(Level):
         self.missing = True
 
     def bloom(self) -> BloomFilter | None:
-        """The generation's primary-key bloom filter (None if it has none)."""
+        """The generation's primary-key bloom filter, its files verified (None if it has none or
+        was garbage-collected)."""
         if self._bloom is None:
+            if self.missing or not self.verify():
+                return None
             try:
                 path = f"{self.path}/{layout.BLOOM_FILTER_FILE}"
                 self._bloom = self.cached(

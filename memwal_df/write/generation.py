@@ -6,7 +6,8 @@ storage version and V2 manifest naming. Beside it: `bloom_filter.bin` (every key
 (`memwal_df.write.generation_indexes`: built by Lance on the generation with the base index's
 centroids, codebook
 and tokenizer, one dataset version each, as Lance's own flush builds every maintained index inside the
-generation). memwal_df writes only the newest row of
+generation). Written last, `_memwal_checksums.json` records the size and checksum of every other file
+(`memwal_df.format.checksums`; Lance ignores it). memwal_df writes only the newest row of
 each key (tombstones included), in forward write order, so a generation never needs a deletion
 vector; Lance writes every row and hides older duplicates with one — both read the same.
 
@@ -38,6 +39,7 @@ import pyarrow.compute as pc
 
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import layout
+from memwal_df.format.checksums import verify_generation_once, write_checksums
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.pk_index import write_pk_index
 from memwal_df.format.proto import memwal_pb2 as pb
@@ -86,8 +88,8 @@ def write_generation(
     manifest entry.
 
     The bloom filter and the `_pk_index` files are written on another thread while pylance writes the
-    data (it releases the GIL); the maintained indexes, built on the written dataset, follow; then one
-    concurrent fsync pass over the directory."""
+    data (it releases the GIL); the maintained indexes, built on the written dataset, follow; then
+    the checksum sidecar of every file, and one concurrent fsync pass over the directory."""
     data = memtable.newest()
     dir_name = layout.generation_dir_name(secrets.token_hex(4), memtable.generation)
     rel = layout.generation_path(region_id, dir_name)
@@ -117,6 +119,7 @@ def write_generation(
         wait([side])  # never leave a sidecar writing into a directory the caller may retry beside
     side.result()
     write_generation_indexes(uri, indexes, options)
+    write_checksums(storage, rel)  # last: it lists every other file of the directory
     storage.sync_tree(rel)  # durable before any manifest names it
     return pb.SsTable(
         generation=memtable.generation,
@@ -128,8 +131,10 @@ def write_generation(
 
 
 def open_generation(storage: Storage, region_id: uuid.UUID, sstable: pb.SsTable) -> lance.LanceDataset:
-    """The Lance dataset of a flushed generation; MissingGenerationError if its directory is gone."""
+    """The Lance dataset of a flushed generation, its files verified once per process
+    (`CorruptGenerationError` if one does not match); MissingGenerationError if its directory is gone."""
     rel = layout.generation_path(region_id, sstable.path)
+    verify_generation_once(storage, region_id, sstable.generation, rel)  # (gone: the open below fails)
     try:
         return lance.dataset(storage.child_uri(rel), storage_options=storage.storage_options or None)
     except (ValueError, OSError) as e:

@@ -22,7 +22,8 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 
 from memwal_df.errors import StorageError
 from memwal_df.format.storage import Blob, Storage
@@ -154,6 +155,9 @@ class FaultyStorage(Storage):
     def child_uri(self, path: str) -> str:
         return self.inner.child_uri(path)
 
-    def sync_tree(self, prefix: str) -> None:
+    def sync_tree(self, prefix: str, skip: Collection[str] = ()) -> None:
         self._before("sync_tree", prefix)
-        self.inner.sync_tree(prefix)
+        self.inner.sync_tree(prefix, skip)
+
+    def synced_changes(self, prefix: str = "", skip: Collection[str] = ()) -> AbstractContextManager[None]:
+        return self.inner.synced_changes(prefix, skip)
