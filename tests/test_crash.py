@@ -39,6 +39,7 @@ import pyarrow as pa
 import pytest
 from obstore.exceptions import AlreadyExistsError
 from support.cases import backend, cases
+from support.children import close_process
 from support.figures import case_name, record
 from support.reference import stored_rows
 from support.wal_oracle import apply_rows, check_region, durable_rows, wal_records
@@ -349,15 +350,7 @@ class Worker:
         return self.proc.wait(timeout=timeout)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
+        close_process(self.proc)
 
 
 @pytest.fixture

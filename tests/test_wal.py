@@ -14,6 +14,7 @@ import pyarrow.ipc as ipc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.wal_oracle import unchecked
 
 from memwal_df.errors import CorruptWalEntryError
 from memwal_df.format import layout
@@ -438,17 +439,6 @@ def test_random_bytes_only_raise_corrupt(data: bytes, with_eos: bool) -> None:
         decode_entry(data + (EOS if with_eos else b""), 1, "p")
     except CorruptWalEntryError:
         pass
-
-
-def unchecked(data: bytes) -> bytes:
-    """The same entry without the checksum key, as Lance's writer writes entries."""
-    reader = ipc.open_stream(data)
-    meta = {k: v for k, v in reader.schema.metadata.items() if k != CHECKSUM_KEY}
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, reader.schema.with_metadata(meta)) as w:
-        for b in reader:
-            w.write_batch(b)
-    return sink.getvalue().to_pybytes()
 
 
 @HYP

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.mem_wal import LsmScanner, ShardSnapshot
 from support.reference import stored_rows
+from support.wal_oracle import unchecked
 
 import memwal_df as mw
 from memwal_df import errors
@@ -128,17 +129,6 @@ def checksum_digits(data: bytes) -> tuple[int, bytes]:
     digits = last_message_metadata(data)[CHECKSUM_KEY]
     (at,) = [m.start() for m in re.finditer(re.escape(b"\x0a\x00\x00\x00" + digits + b"\x00"), data)]
     return at + 4, digits
-
-
-def unchecked(data: bytes) -> bytes:
-    """The same entry without the checksum key, as Lance's writer (or an older memwal_df) writes it."""
-    reader = ipc.open_stream(data)
-    meta = {k: v for k, v in reader.schema.metadata.items() if k != CHECKSUM_KEY}
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, reader.schema.with_metadata(meta)) as w:
-        for b in reader:
-            w.write_batch(b)
-    return sink.getvalue().to_pybytes()
 
 
 def batch_message_metadata(data: bytes) -> list[dict[bytes, bytes] | None]:

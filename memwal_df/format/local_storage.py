@@ -284,8 +284,8 @@ class LocalStorage(Storage):
             try:
                 files, dirs = _tree(top, skip, strict=False)
                 changed = [path for path, stamp in files.items() if before[0].get(path) != stamp]
+                # a directory gained or lost entries (a removed directory's parent among them)
                 moved = [d for d, names in dirs.items() if before[1].get(d) != names]
-                moved += [d for d in before[1] if d not in dirs and os.path.dirname(d) in dirs]
                 new_dirs = [d for d in dirs if d not in before[1]]
                 moved += [os.path.dirname(d) for d in new_dirs if os.path.dirname(d) not in dirs]
                 self._fsync_all(changed, sorted(set(moved)), missing_ok=True)

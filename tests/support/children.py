@@ -37,6 +37,19 @@ def spawn(
     return p
 
 
+def close_process(proc: subprocess.Popen) -> None:
+    """Kill `proc` if it still runs, reap it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for f in (proc.stdin, proc.stdout):
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
 def stderr_tail(p: subprocess.Popen, lines: int = 30) -> str:
     """The last `lines` lines a child started by `spawn` wrote to its stderr file."""
     return "\n".join(p.stderr_path.read_text(errors="replace").splitlines()[-lines:])  # type: ignore[attr-defined]

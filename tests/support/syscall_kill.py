@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from support.children import SOURCE_ROOT
+from support.children import SOURCE_ROOT, close_process
 
 CHILD = Path(__file__).with_name("crash_point_child.py")
 TRACER = Path(__file__).with_name("ptrace_kill.py")
@@ -153,15 +153,7 @@ class Child:
         )
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
+        close_process(self.proc)
 
 
 def start_child(log_dir: Path) -> Child:

@@ -26,6 +26,7 @@ import pyarrow.ipc as ipc
 from memwal_df.errors import NotFoundError
 from memwal_df.format import layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.wal import CHECKSUM_KEY
 from memwal_df.table import Table
 
 TOMBSTONE = "_tombstone"
@@ -211,3 +212,14 @@ def reachable_states(
             applied.add(freeze(model))
         states = applied if acked else states | applied
     return states
+
+
+def unchecked(data: bytes) -> bytes:
+    """The same entry without the checksum key, as Lance's writer (or an older memwal_df) writes it."""
+    reader = ipc.open_stream(data)
+    meta = {k: v for k, v in reader.schema.metadata.items() if k != CHECKSUM_KEY}
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, reader.schema.with_metadata(meta)) as w:
+        for b in reader:
+            w.write_batch(b)
+    return sink.getvalue().to_pybytes()
