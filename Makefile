@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow test-spark test-s3 reliability demo bench bench-spark protos lint clean
+.PHONY: test test-slow test-spark test-s3 reliability demo bench bench-spark protos lint docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,dev,spark,bench]'
 	touch $(STAMP)
 
+# Two workers (the suite's tests wait on processes, servers and fsyncs as much as they compute); a
+# test file runs whole on one worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
@@ -46,10 +48,17 @@ bench-spark: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
-# Ruff, then mypy over memwal_df ([tool.mypy] in pyproject.toml: strict for the public API modules).
+# Ruff, then mypy over memwal_df and tests/ ([tool.mypy] in pyproject.toml: strict for the public API modules).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The API reference, HTML in build/api, from the docstrings of what memwal_df exports (its `__all__`,
+# with the submodules it lists) and of memwal_df.spark; memwal_df.spark.session's page left out
+# (memwal_df.spark re-exports its names).
+docs: $(STAMP)
+	rm -rf build/api
+	$(BIN)/pdoc -d markdown -o build/api memwal_df memwal_df.spark '!memwal_df.spark.session'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -19,9 +19,7 @@ mismatch is printed and the run exits non-zero.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import time
@@ -35,10 +33,12 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from _workload import NUM_REGIONS, PK_META, git_state, scale_note, scratch_root, targets_markdown, time_rounds
+from _cli import print_checks, print_total, run_environment, write_json
+from _workload import NUM_REGIONS, scale_note, scratch_root, targets_markdown, time_rounds
+from _workload import SCHEMA as WORKLOAD_SCHEMA
 
 import memwal_df as mw
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 SQL = "memwal_df SQL"
 PLAIN = "plain Lance via DataFusion"
@@ -48,13 +48,7 @@ CATEGORIES = pa.array([f"c{i}" for i in range(20)])
 GENERATIONS = 40  # generations the upserts are flushed into (about; 4 regions)
 MAX_RATIO = 1.5
 MAX_COUNT_MS = 5.0
-SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int64(), nullable=False, metadata=PK_META),
-        pa.field("category", pa.string()),
-        pa.field("value", pa.float64()),
-    ]
-)
+SCHEMA = pa.schema([WORKLOAD_SCHEMA.field(name) for name in ("id", "category", "value")])
 
 
 @dataclass(frozen=True)
@@ -379,15 +373,12 @@ def run(args: argparse.Namespace) -> int:
             f"deleted rows (plain Lance: {layout(built.plain_uri)['fragments']} fragments).\n"
         )
         print(targets_markdown(tgt))
-        for line in bad:
-            print(f"WARNING: memwal_df's answer differs: {line}")
-        if not bad:
-            print("\nmemwal_df's answers equal plain Lance's (and the model's) for every shape.")
-        total = time.perf_counter() - t_start
-        print(
-            f"\nTotal bench time {total:.0f}s; load average now {os.getloadavg()[0]:.1f} on "
-            f"{os.cpu_count()} CPUs."
+        print_checks(
+            bad,
+            "memwal_df's answer differs",
+            "memwal_df's answers equal plain Lance's (and the model's) for every shape.",
         )
+        total = print_total(t_start)
         if args.json:
             config = {
                 "workload": "narrow",
@@ -400,18 +391,9 @@ def run(args: argparse.Namespace) -> int:
                 "repeat": args.repeat,
                 "build": timings,
                 "total_s": total,
-                "python": platform.python_version(),
-                "pylance": lance.__version__,
-                "datafusion": datafusion.__version__,
-                "pyarrow": pa.__version__,
-                "cpus": os.cpu_count(),
-                "load_average_end": os.getloadavg()[0],
-                "git": git_state(),
+                **run_environment(),
             }
-            out = {"config": config, "results": summary, "targets": tgt, "mismatches": bad}
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(out, indent=2))
-            print(f"results written to {args.json}")
+            write_json(args.json, {"config": config, "results": summary, "targets": tgt, "mismatches": bad})
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -11,7 +11,7 @@ and in CPU time of the whole process (every thread, Lance's included).
 
 `base_take` measures the part of a partial upsert no implementation can skip: reading the missing
 columns of the keys that only the base holds. It takes those columns of each timed put's base keys
-with Lance, as the writer does (`memwal_df.read.fragments.fragment_take`: a `FragmentSession.take`,
+with Lance, as the writer does (`memwal_df.read.lsm.fragments.fragment_take`: a `FragmentSession.take`,
 through Lance's io_uring reader on Linux), and reports the process CPU per updated row. A full
 upsert's CPU plus that take's, spread over every CPU, bounds how fast a partial upsert can be on this
 machine (`markdown`).
@@ -31,7 +31,7 @@ import pyarrow as pa
 from _workload import NUM_REGIONS, Workload
 
 import memwal_df as mw
-from memwal_df.read.fragments import fragment_take
+from memwal_df.read.lsm.fragments import fragment_take
 
 CARRIED = ["id", "value", "count"]
 

@@ -8,7 +8,7 @@ each round, one `MemWalTable` and one DataFusion `SessionContext` kept for the w
 first point lookup (`SELECT * FROM t WHERE id = k`), then `--lookups` more, the first
 `vector_search`, then `--searches` more. Every lookup is checked against the rows written (a model
 of the newest row per key); "key rows read" is what the base key index read to follow the merge
-(`memwal_df.read.base_keys.BASE_KEYS.rows_read`). Nothing is asserted on timings: the script prints
+(`memwal_df.read.lsm.base_key_index.BASE_KEYS.rows_read`). Nothing is asserted on timings: the script prints
 one line per round.
 
     python bench/after_merge.py --dir /tmp/after-merge [--base-rows 1000000] [--rounds 5]
@@ -24,10 +24,11 @@ from pathlib import Path
 import datafusion
 import lance
 import numpy as np
+from _cli import add_int_args
 from _workload import DIM, NUM_REGIONS, make_rows, make_workload
 
 import memwal_df as mw
-from memwal_df.read.base_keys import BASE_KEYS as STATS
+from memwal_df.read.lsm.base_key_index import BASE_KEYS as STATS
 
 K = 10
 
@@ -54,13 +55,9 @@ def ms(seconds: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", required=True, help="where the base is built once and copied per run")
-    ap.add_argument("--base-rows", type=int, default=1_000_000)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--upserts", type=int, default=10_000)
-    ap.add_argument("--lookups", type=int, default=20)
-    ap.add_argument("--searches", type=int, default=10)
-    ap.add_argument("--partitions", type=int, default=256)
-    ap.add_argument("--nprobes", type=int, default=20)
+    add_int_args(
+        ap, base_rows=1_000_000, rounds=5, upserts=10_000, lookups=20, searches=10, partitions=256, nprobes=20
+    )
     args = ap.parse_args()
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)

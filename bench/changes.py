@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _cli import add_int_args
 from _workload import git_state, make_workload, scratch_root
 
 import memwal_df as mw
@@ -117,12 +118,7 @@ def percentile(samples: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base", type=int, default=20_000)
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=2_000)
-    parser.add_argument("--flush-every", type=int, default=5)
-    parser.add_argument("--regions", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=3)
+    add_int_args(parser, base=20_000, rows=100_000, batch=2_000, flush_every=5, regions=4, repeat=3)
     parser.add_argument("--small", action="store_true", help="base 10k, 20k upserts")
     parser.add_argument("--spark", action="store_true", help="also read the feed through Spark")
     parser.add_argument("--stream-flushes", type=int, default=20, help="--spark: flushes timed")

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import platform
 import signal
@@ -61,6 +60,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 from _churn_model import Bm25Reference, Model, Window, check_top_k, l2_distances
+from _cli import add_int_args, add_table_args, config_of, print_failures, write_json
 from _workload import DIM, NUM_REGIONS, ROOT, git_state, make_rows, make_workload, run_in_scratch
 
 import memwal_df as mw
@@ -476,10 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--check-every", type=float, default=30.0, help="seconds between quiescent checks")
     ap.add_argument("--checks", type=int, default=3, help="exact fts and vector queries per quiescent check")
     ap.add_argument("--min-recall", type=float, default=0.9, help="mean recall@10, all partitions probed")
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--dir", help="where the table goes (default bench/results/)")
-    ap.add_argument("--json", help="also write the results as JSON to this file")
-    ap.add_argument("--keep", action="store_true", help="keep the table (default: deleted at the end)")
+    add_int_args(ap, seed=42)
+    add_table_args(ap)
     args = ap.parse_args(argv)
     args.base_rows = args.base_rows or (50_000 if args.small else 1_000_000)
     args.seconds = args.seconds if args.seconds is not None else (60.0 if args.small else 120.0)
@@ -543,13 +541,10 @@ def report(
     print(markdown(rows))
     for line in problems[:10]:
         print(f"maintain: {line}")
-    print(f"\n{len(failures)} wrong or failed answers" + (":" if failures else ""))
-    for f in failures[:50]:
-        print(f"  {f}")
+    print_failures(failures)
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("json", "dir")}
         data = {
-            "config": config | {"git": git_state()},
+            "config": config_of(args) | {"git": git_state()},
             "queries": rows,
             "table": markdown(rows),
             "rows_written": writer.rows,
@@ -559,9 +554,7 @@ def report(
             "maintain": {"exit_code": maintain_code, "error_lines": problems},
             "failures": failures,
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(data, indent=2))
-        print(f"results written to {args.json}")
+        write_json(args.json, data)
     return 1 if failures else 0
 
 

@@ -9,7 +9,7 @@ flushed and merged into the base; after each merge, in the same process and thro
 the rounds: the first query of the process (the base's term state built from nothing) and the
 frozen table's p50.
 
-Memory: the bytes of the base's term state (`memwal_df.read.base_terms.BASE_TERMS.nbytes`:
+Memory: the bytes of the base's term state (`memwal_df.read.search.fts.base_terms.BASE_TERMS.nbytes`:
 postings, document lengths, keys, vocabularies), the peak of numpy's allocations while it is built
 again from nothing (tracemalloc), and the resident set.
 
@@ -34,8 +34,8 @@ import pyarrow as pa
 from _workload import make_rows, make_vocab, resident_mb, scratch_root
 
 import memwal_df as mw
-from memwal_df.read.base_terms import BASE_TERMS
-from memwal_df.read.search import plan_fts
+from memwal_df.read.search.fts.base_terms import BASE_TERMS
+from memwal_df.read.search.planner import plan_fts
 
 
 def term_state_mb() -> float:

@@ -13,18 +13,17 @@ after the other on one table in the same run (so the merge time is their peer).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from _cli import add_int_args, config_of, write_json
 from lance.mem_wal import CompactedSsTable
 
 import memwal_df as mw
@@ -121,12 +120,7 @@ def jobs(uri: str, regions: int, gens: int, rows_per_gen: int = 20) -> list[dict
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--small", action="store_true")
-    p.add_argument("--base", type=int, default=1_000_000)
-    p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument("--regions", type=int, default=4)
-    p.add_argument("--gens", type=int, default=3)
-    p.add_argument("--job-regions", type=int, default=100)
-    p.add_argument("--job-gens", type=int, default=1000)
+    add_int_args(p, base=1_000_000, rows=200_000, regions=4, gens=3, job_regions=100, job_gens=1000)
     p.add_argument("--json", help="also write the results as JSON to this file")
     a = p.parse_args()
     if a.small:
@@ -159,11 +153,9 @@ def main() -> None:
             merges.append({"engine": name, "rows": rows, "seconds": dt, "same_result": ids == peer[2]})
         job_times = jobs(f"{root}/jobs", a.job_regions, a.job_gens)
         if a.json:
-            config = {k: v for k, v in vars(a).items() if k != "json"}
-            report = {"config": config, "merge": merges, "jobs": job_times}
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(report, indent=2))
-            print(f"results written to {a.json}")
+            write_json(
+                a.json, {"config": config_of(a, leave_out=("json",)), "merge": merges, "jobs": job_times}
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

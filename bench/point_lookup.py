@@ -30,8 +30,8 @@ from _workload import native_snapshots
 from lance.mem_wal import LsmPointLookupPlanner
 
 import memwal_df as mw
-from memwal_df.read.lookup_planner import plan_point_lookup
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lookup.planner import plan_point_lookup
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 
 def build(root: Path, base_rows: int, generations: int, batch: int) -> tuple[mw.Table, dict[str, int]]:

@@ -56,9 +56,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import json
 import os
-import platform
 import pstats
 import shutil
 import statistics
@@ -75,10 +73,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+from _cli import print_checks, print_total, run_environment, write_json
 from _narrow import run as run_narrow
 from _workload import (
     NUM_REGIONS,
-    git_state,
     make_workload,
     native_snapshots,
     scale_note,
@@ -89,7 +87,7 @@ from _workload import (
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
 import memwal_df as mw
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 FILTER_SQL = "value < 0.1"
 FILTER_PC = pc.field("value") < 0.1
@@ -570,15 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(targets_markdown(tgt))
         bad = mismatches(res)
-        for line in bad:
-            print(f"WARNING: results differ: {line}")
-        if not bad:
-            print("\nmemwal_df and Lance's LSM reader agree on every row count (and keys found).")
-        total = time.perf_counter() - t_start
-        print(
-            f"\nTotal bench time {total:.0f}s; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-            "CPUs (other processes skew the figures)."
+        print_checks(
+            bad,
+            "results differ",
+            "memwal_df and Lance's LSM reader agree on every row count (and keys found).",
         )
+        total = print_total(t_start, " (other processes skew the figures)")
         if args.json:
             result = {
                 "config": {
@@ -594,21 +589,13 @@ def main(argv: list[str] | None = None) -> int:
                     "build": built.timings,
                     "total_s": total,
                     "dir": str(root),
-                    "python": platform.python_version(),
-                    "pylance": lance.__version__,
-                    "datafusion": datafusion.__version__,
-                    "pyarrow": pa.__version__,
-                    "cpus": os.cpu_count(),
-                    "load_average_end": os.getloadavg()[0],
-                    "git": git_state(),
+                    **run_environment(),
                 },
                 "results": [r.summary() for r in res.items],
                 "targets": tgt,
                 "mismatches": bad,
             }
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=2))
-            print(f"results written to {args.json}")
+            write_json(args.json, result)
     finally:
         if built is not None:
             built.writer.close() if args.keep else built.writer.abort()

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import shutil
 import time
@@ -52,6 +51,7 @@ import datafusion
 import lance
 import numpy as np
 import pyarrow as pa
+from _cli import add_int_args, add_table_args, config_of, write_json
 from _workload import (
     DIM,
     NUM_REGIONS,
@@ -66,8 +66,8 @@ from lance.mem_wal import LsmVectorSearchPlanner
 from write import NativeRouter, timed_puts
 
 import memwal_df as mw
-from memwal_df.read.search import plan_fts, plan_vector_search
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lsm.snapshot import take_snapshot
+from memwal_df.read.search.planner import plan_fts, plan_vector_search
 
 K = 10
 
@@ -207,16 +207,17 @@ def targets(report: dict, base_rows: int) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="base 50k, 20k upserts, 100 queries")
-    ap.add_argument("--base-rows", type=int, default=1_000_000)
-    ap.add_argument("--upserts", type=int, default=200_000)
-    ap.add_argument("--memtable-upserts", type=int, default=4_000)
-    ap.add_argument("--partitions", type=int, default=256)
-    ap.add_argument("--nprobes", type=int, default=20)
-    ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--dir", help="where the table goes (default bench/results/)")
-    ap.add_argument("--json", help="also write the results as JSON to this file")
-    ap.add_argument("--keep", action="store_true", help="keep the tables (default: deleted at the end)")
+    add_int_args(
+        ap,
+        base_rows=1_000_000,
+        upserts=200_000,
+        memtable_upserts=4_000,
+        partitions=256,
+        nprobes=20,
+        queries=200,
+        warmup=3,
+    )
+    add_table_args(ap, keep_help="keep the tables")
     args = ap.parse_args()
     if args.small:
         args.base_rows, args.upserts, args.queries, args.partitions = 50_000, 20_000, 100, 64
@@ -329,11 +330,8 @@ def run(args: argparse.Namespace, root: Path) -> None:
     report["targets"] = targets(report, args.base_rows)
     print("\n" + targets_markdown(report["targets"]))
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("json", "dir")}
-        report |= {"config": config | {"git": git_state(), "build": timings}, "cold_s": cold}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"results written to {args.json}")
+        report |= {"config": config_of(args) | {"git": git_state(), "build": timings}, "cold_s": cold}
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":

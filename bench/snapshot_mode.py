@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import memwal_df as mw
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 
 def build(uri: str, regions: int, options: dict[str, str] | None) -> mw.Table:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import math
 import os
@@ -60,6 +59,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 from _churn_model import Bm25Reference, check_top_k, l2_distances
+from _cli import add_int_args, add_table_args, config_of, print_failures, write_json
 from _narrow import layout
 from _workload import (
     NUM_REGIONS,
@@ -501,8 +501,11 @@ class JobTimes(logging.Handler):
         self.seconds: dict[str, float] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("round %d: %s done in") and isinstance(record.args, tuple):
-            self.seconds[str(record.args[1])] = float(record.args[2])
+        args = record.args
+        if record.msg.startswith("round %d: %s done in") and isinstance(args, tuple):
+            seconds = args[2]
+            assert isinstance(seconds, int | float)
+            self.seconds[str(args[1])] = float(seconds)
 
     def take(self) -> dict[str, float]:
         out, self.seconds = self.seconds, {}
@@ -689,13 +692,10 @@ def run(args: argparse.Namespace, root: Path) -> int:
         print(f"\n{len(result.errors)} maintain job errors:")
         for e in result.errors[:30]:
             print(f"  {e}")
-    print(f"\n{len(failures)} wrong or failed answers" + (":" if failures else ""))
-    for f in failures[:50]:
-        print(f"  {f}")
+    print_failures(failures)
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("json", "dir")}
         data = {
-            "config": config | {"git": git_state(), "lance": lance.__version__},
+            "config": config_of(args) | {"git": git_state(), "lance": lance.__version__},
             "checkpoints": result.checkpoints,
             "maintain_s": result.maintain_s,
             "maintain_jobs": result.jobs,
@@ -710,9 +710,7 @@ def run(args: argparse.Namespace, root: Path) -> int:
             "checked": checked,
             "failures": failures,
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(data, indent=2))
-        print(f"results written to {args.json}")
+        write_json(args.json, data)
     return 1 if failures else 0
 
 
@@ -726,10 +724,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, help="IVF partitions (default 64; --small 16)")
     ap.add_argument("--repeat", type=int, default=10, help="measured rounds of queries per checkpoint")
     ap.add_argument("--lookups", type=int, default=4, help="point lookups per round of queries")
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--dir", help="where the tables go (default bench/results/)")
-    ap.add_argument("--json", help="also write the results as JSON to this file")
-    ap.add_argument("--keep", action="store_true", help="keep the tables (default: deleted at the end)")
+    add_int_args(ap, seed=42)
+    add_table_args(ap, dir_help="where the tables go", keep_help="keep the tables")
     args = ap.parse_args(argv)
     args.base = args.base or (20_000 if args.small else 200_000)
     args.rounds = args.rounds or (40 if args.small else 200)

@@ -36,7 +36,6 @@ import argparse
 import cProfile
 import gc
 import glob
-import json
 import os
 import platform
 import pstats
@@ -54,6 +53,7 @@ from typing import Any
 import lance
 import numpy as np
 import pyarrow as pa
+from _cli import write_json
 from _partial import PartialRun, base_take, run_partial
 from _partial import markdown as partial_markdown
 from _workload import NUM_REGIONS, Workload, git_state, make_workload, scratch_root
@@ -704,9 +704,7 @@ def main(argv: list[str] | None = None) -> int:
                 "partial_base_take_cpu_us_per_row": take_us,
                 "wal_entry_bytes_one_row": entry_size,
             }
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=2))
-            print(f"results written to {args.json}")
+            write_json(args.json, result)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

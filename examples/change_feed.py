@@ -9,7 +9,7 @@ background jobs, applies the net changes (`net_changes`: per key the last upsert
 commits its offsets; GC, which ran before it read, kept every generation it had not read. At the end
 the copy must equal the table.
 
-Usage: python examples/change_feed.py [DIRECTORY]   (default: a temporary directory)
+Usage: python examples/change_feed.py [DIRECTORY]   (default: a temporary directory, removed afterwards)
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ import numpy as np
 import pyarrow as pa
 
 import memwal_df as mw
-from memwal_df.read.changes import net_changes
 
 ROUNDS, BATCHES, BATCH, KEYS = 3, 10, 200, 2_000
 
 
 def main(directory: str | None = None) -> int:
-    uri = f"{directory or tempfile.mkdtemp(prefix='memwal-cdc-')}/orders"
+    if directory is None:  # a temporary directory, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="memwal-cdc-") as tmp:
+            return main(tmp)
+    uri = f"{directory}/orders"
     initial = pa.table({"id": pa.array(np.arange(500), pa.int64()), "qty": pa.array(np.zeros(500))})
     table = mw.create_table(uri, initial, primary_key="id", region_spec=mw.bucket("id", 4))
 
@@ -42,7 +44,7 @@ def main(directory: str | None = None) -> int:
         """Apply every change since the consumer's committed offsets; commit the new ones."""
         feed = source.changes(consumer="orders-mirror")
         changes = feed.read_all()
-        upserts, deletes = net_changes(changes, ["id"])
+        upserts, deletes = mw.net_changes(changes, ["id"])
         for key in deletes.column("id").to_pylist():
             copy.pop(key, None)
         copy.update((r["id"], r) for r in upserts.to_pylist())

@@ -1,7 +1,7 @@
 """Embedding `MemWalTable` in another DataFusion program: a MemWAL table is one more table provider
 next to Parquet files and in-memory data, in SQL and in the DataFrame API, and joins with them.
 
-Usage: python examples/embed_datafusion.py [DIRECTORY]   (default: a temporary directory)
+Usage: python examples/embed_datafusion.py [DIRECTORY]   (default: a temporary directory, removed afterwards)
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ import memwal_df as mw
 
 
 def main(directory: str | None = None) -> int:
-    root = Path(directory or tempfile.mkdtemp(prefix="memwal-embed-"))
+    if directory is None:  # a temporary directory, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="memwal-embed-") as tmp:
+            return main(tmp)
+    root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     # Customers: a MemWAL table that receives upserts.
     customers = mw.create_table(

@@ -1,6 +1,6 @@
 """Quickstart: create a table, upsert and delete through the routed writer, query with DataFusion SQL.
 
-Usage: python examples/quickstart.py [DIRECTORY]   (default: a temporary directory)
+Usage: python examples/quickstart.py [DIRECTORY]   (default: a temporary directory, removed afterwards)
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import memwal_df as mw
 
 
 def main(directory: str | None = None) -> int:
-    uri = f"{directory or tempfile.mkdtemp(prefix='memwal-quickstart-')}/events"
+    if directory is None:  # a temporary directory, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="memwal-quickstart-") as tmp:
+            return main(tmp)
+    uri = f"{directory}/events"
     schema = pa.schema([("id", pa.int64()), ("user", pa.string()), ("amount", pa.float64())])
     table = mw.create_table(uri, schema, primary_key="id", region_spec=mw.bucket("id", 4))
 

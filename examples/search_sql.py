@@ -2,7 +2,7 @@
 every level of the table (base, flushed generations, the writer's MemTables), never returning a
 stale or deleted row; their results join and filter like any table.
 
-Usage: python examples/search_sql.py [DIRECTORY]   (default: a temporary directory)
+Usage: python examples/search_sql.py [DIRECTORY]   (default: a temporary directory, removed afterwards)
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ def docs(ids: list[int], texts: list[str], vecs: np.ndarray) -> pa.Table:
 
 
 def main(directory: str | None = None) -> int:
-    uri = f"{directory or tempfile.mkdtemp(prefix='memwal-search-')}/docs"
+    if directory is None:  # a temporary directory, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="memwal-search-") as tmp:
+            return main(tmp)
+    uri = f"{directory}/docs"
     rng = np.random.default_rng(3)
     base_vecs = rng.standard_normal((300, DIM))
     base = docs(list(range(300)), [f"note {i} about rivers" for i in range(300)], base_vecs)

@@ -6,14 +6,15 @@ some in later jobs, merges the regions in parallel Spark tasks, then reads the t
 `spark.read.format("memwal")` and checks it against a model. The same code runs on a cluster:
 see docs/spark.md (an `s3://` URI plus storage options).
 
-Usage: python examples/spark_ingest.py [DIRECTORY]   (default: ./demo-data/spark, recreated)
+Usage: python examples/spark_ingest.py [DIRECTORY]   (recreated; default: a temporary directory, removed
+afterwards)
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
-from pathlib import Path
+import tempfile
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -81,6 +82,9 @@ def main(uri: str, spark: SparkSession | None = None) -> int:
 
 
 if __name__ == "__main__":
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "demo-data/spark")
-    shutil.rmtree(root, ignore_errors=True)
-    sys.exit(main(str(root)))
+    if len(sys.argv) > 1:
+        shutil.rmtree(sys.argv[1], ignore_errors=True)
+        sys.exit(main(sys.argv[1]))
+    with tempfile.TemporaryDirectory(prefix="memwal-spark-") as tmp:
+        code = main(f"{tmp}/events")
+    sys.exit(code)

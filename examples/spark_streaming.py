@@ -10,13 +10,15 @@ aggregate, with how long the events took to become visible. A second streaming q
 table's change feed (`readStream.format("memwal")`) and applies it to a mirror table in
 `foreachBatch`. At the end the table, the mirror and a model of the events must agree.
 
-Usage: python examples/spark_streaming.py [DIRECTORY]   (default: ./demo-data/spark-streaming, recreated)
+Usage: python examples/spark_streaming.py [DIRECTORY]   (recreated; default: a temporary directory, removed
+afterwards)
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 import memwal_df as mw
 from memwal_df import spark as mws
-from memwal_df.read.changes import net_changes
 
 FILES, EVENTS, KEYS = 4, 400, 1_000
 TABLE = pa.schema([("id", pa.int64()), ("qty", pa.float64())])
@@ -94,7 +95,7 @@ def mirror(spark: SparkSession, uri: str, mirror_uri: str, checkpoint: Path) -> 
     target = mw.open_table(mirror_uri)
 
     def each_batch(changes: DataFrame, _batch_id: int) -> None:
-        upserts, deletes = net_changes(changes.toArrow(), ["id"])  # per key its last change
+        upserts, deletes = mw.net_changes(changes.toArrow(), ["id"])  # per key its last change
         with target.writer() as w:
             w.put(upserts.select(TABLE.names))
             w.delete(deletes)
@@ -160,6 +161,9 @@ def main(root: str, spark: SparkSession | None = None) -> int:
 
 
 if __name__ == "__main__":
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "demo-data/spark-streaming")
-    shutil.rmtree(root, ignore_errors=True)
-    sys.exit(main(str(root)))
+    if len(sys.argv) > 1:
+        shutil.rmtree(sys.argv[1], ignore_errors=True)
+        sys.exit(main(sys.argv[1]))
+    with tempfile.TemporaryDirectory(prefix="memwal-spark-streaming-") as tmp:
+        code = main(tmp)
+    sys.exit(code)

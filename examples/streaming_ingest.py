@@ -4,7 +4,7 @@ writer acknowledged before the query began; a reader of the durable levels (`Mem
 sees the generations flushed so far (regions flush independently). Both are checked on every query:
 no acknowledged write missing (writer reader), no row from the future, and counts never going back.
 
-Usage: python examples/streaming_ingest.py [DIRECTORY]   (default: a temporary directory)
+Usage: python examples/streaming_ingest.py [DIRECTORY]   (default: a temporary directory, removed afterwards)
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ BATCHES, BATCH = 40, 500
 
 
 def main(directory: str | None = None) -> int:
-    uri = f"{directory or tempfile.mkdtemp(prefix='memwal-stream-')}/ticks"
+    if directory is None:  # a temporary directory, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="memwal-stream-") as tmp:
+            return main(tmp)
+    uri = f"{directory}/ticks"
     schema = pa.schema([("id", pa.int64()), ("price", pa.float64())])
     table = mw.create_table(uri, schema, primary_key="id", region_spec=mw.bucket("id", 4))
     acked = 0  # batches the writer has acknowledged (put returned)

@@ -8,11 +8,12 @@ typed error from it, and `memwal_df.query(ctx, sql)` runs a query and raises tha
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import re
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 
 class MemWalError(Exception):
@@ -207,6 +208,78 @@ _PY_ERR = re.compile(
 _EXTERNAL = re.compile(r"External error: (?P<cls>\w+): (?P<message>.*)\Z", re.DOTALL)
 
 
+# the longest first line `headline` gives a message: with the prefixes DataFusion adds to an error
+# raised in a scan ("DataFusion error: Arrow error: External error: SomeError: ") under 200 characters
+HEADLINE_CHARS = 100
+_CUT = " …"
+
+
+def headline(message: str) -> str:
+    """The first line of `message`, cut to at most `HEADLINE_CHARS` characters (at the last ": " or
+    space before the limit, marked with " …"): what a one-line report of the error shows."""
+    first = message.split("\n", 1)[0]
+    if len(first) <= HEADLINE_CHARS:
+        return first
+    room = first[:HEADLINE_CHARS]
+    cut = room.rfind(": ")
+    if cut < HEADLINE_CHARS // 3:
+        cut = room.rfind(" ")
+    return (room[:cut] if cut > 0 else room) + _CUT
+
+
+def for_sql(exc: MemWalError) -> MemWalError:
+    """`exc` as memwal_df raises it into a DataFusion scan: DataFusion shows an error raised there as
+    `Type: message` after its own prefixes, so a message whose first line is longer than
+    `HEADLINE_CHARS` gets its `headline` as a first line of its own (the whole message follows;
+    `unwrap` drops the added line). The same class and attributes."""
+    text = str(exc)
+    head = headline(text)
+    if not head.endswith(_CUT) or head == text.split("\n", 1)[0]:
+        return exc
+    out = type(exc).__new__(type(exc))
+    Exception.__init__(out, f"{head}\n{text}")
+    out.__dict__.update(exc.__dict__)
+    return out
+
+
+@contextlib.contextmanager
+def raised_into_sql() -> Iterator[None]:
+    """Around code DataFusion calls to scan a table: a memwal_df error leaves as `for_sql` gives it."""
+    try:
+        yield
+    except MemWalError as e:
+        out = for_sql(e)
+        if out is e:
+            raise
+        raise out from e
+
+
+def _without_headline(message: str) -> str:
+    """`message` without the first line `for_sql` added to it."""
+    head, sep, rest = message.partition("\n")
+    if sep and head.endswith(_CUT) and rest.startswith(head[: -len(_CUT)]):
+        return rest
+    return message
+
+
+def sql_error(exc: Exception) -> Exception:
+    """The error DataFusion raised for a SQL query (`exc`, a plain `ValueError` / `Exception`) with a
+    first line naming the memwal_df error it carries: `SomeError: headline of its message`; the rest
+    of the text is DataFusion's, without the Python traceback it embeds. `exc` itself when it
+    carries no memwal_df error or is already typed."""
+    typed = unwrap(exc)
+    if typed is exc or not isinstance(typed, MemWalError):
+        return exc
+    text = _PY_TRACEBACK.sub("traceback: None", str(exc))
+    out = type(exc)(f"{type(typed).__name__}: {headline(str(typed))}\n{text}")
+    out.__cause__ = exc
+    return out
+
+
+# pyo3 formats the PyErr of a table function with `{:?}`: the traceback as a quoted Rust string
+_PY_TRACEBACK = re.compile(r'traceback: Some\("(?:[^"\\]|\\.)*"\)', re.DOTALL)
+
+
 def unwrap(exc: BaseException) -> BaseException:
     """The memwal_df error that `exc` (an error DataFusion raised for a SQL query) carries as text,
     rebuilt with its type and message, its `__cause__` set to `exc`; `exc` itself when it is
@@ -229,7 +302,7 @@ def _carried(text: str) -> tuple[type[MemWalError], tuple[object, ...]] | None:
         except (ValueError, SyntaxError):
             args = (m.group("args"),)
     elif m := _EXTERNAL.search(text):
-        args = (m.group("message").strip(),)
+        args = (_without_headline(m.group("message").strip()),)
     else:
         return None
     cls = getattr(sys.modules[__name__], m.group("cls"), None)

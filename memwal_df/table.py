@@ -22,12 +22,14 @@ import lance
 import pyarrow as pa
 
 from memwal_df.errors import (
+    CommitConflictError,
     CorruptManifestError,
     CorruptRegionsError,
     CorruptWalEntryError,
     InvalidArgumentError,
     InvalidConfigError,
     NotFoundError,
+    RegionRoutingError,
     SchemaMismatchError,
     TableExistsError,
 )
@@ -37,7 +39,7 @@ from memwal_df.format.manifest import RegionManifestStore, region_id_of
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.pk_index import is_supported_pk_type
 from memwal_df.format.proto import memwal_pb2 as pb
-from memwal_df.format.regions.spec import UnboundRegionSpec, lance_field_ids
+from memwal_df.format.regions.spec import UnboundRegionSpec, lance_field_ids, unsharded
 from memwal_df.format.schema import check_keys, conform, to_table
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
@@ -51,8 +53,8 @@ from memwal_df.jobs import repair as _repair
 from memwal_df.jobs.compaction import CompactionSettings
 from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 from memwal_df.read.changes import EARLIEST, ChangeFeed, Since, open_feed, register_consumer
-from memwal_df.read.current_rows import WriterLookup
-from memwal_df.read.keys import last_per_key
+from memwal_df.read.lookup.current_rows import WriterLookup
+from memwal_df.read.lsm.keys import last_per_key
 from memwal_df.write.region_open import open_region_writer, open_routed_writer
 from memwal_df.write.region_writer import RegionWriter
 from memwal_df.write.table_writer import TableWriter
@@ -137,19 +139,58 @@ class Table(TableHandle):
         allow_non_key_region_columns: bool = False,
         **settings: Any,
     ) -> TableWriter:
-        """A writer that routes rows to their regions (the table needs a region spec).
+        """A writer that routes rows to their regions.
+
+        A table without a region spec that has no region yet gets the `unsharded` spec first (one
+        region holding every row; see `single_region_spec`), so `create_table(uri, schema, key)`
+        followed by `writer()` just works; one whose regions were created by hand raises
+        `RegionRoutingError` (a key may be in any of them: write with `region_writer(region_id)`).
 
         `durable` / `indexed` default to the table's writer defaults (durable and indexed unless the
         MemWAL index says otherwise). A table whose region spec reads columns outside the primary
         key (made elsewhere: memwal_df refuses to create one) raises `NonKeyRegionColumnError`
         unless `allow_non_key_region_columns=True`: an upsert that changes such a column puts its key
         into a second region, so the caller must never change them."""
+        if self.spec is None:
+            self.single_region_spec()
         return TableWriter(
             self,
             self._config(durable, indexed, settings),
             allow_non_key_region_columns=allow_non_key_region_columns,
             current_rows=self._current_rows,
         )
+
+    def single_region_spec(self) -> None:
+        """Give a table without a region spec and without regions the `unsharded` spec (every row in
+        one region, whose id the spec derives), committed to the MemWAL index like any spec change;
+        Lance's readers and writers read the table as before. Two processes doing this at once
+        commit one spec. Raises `RegionRoutingError` when the table has regions already (created by
+        hand with `region_writer(region_id)` or by Lance's `mem_wal_writer`): a key may be in any of
+        them, so no routed writer can keep each key in one region."""
+        self.refresh()
+        while self.spec is None:
+            regions = self.region_ids()
+            if regions:
+                shown = ", ".join(str(r) for r in regions[:3]) + (", ..." if len(regions) > 3 else "")
+                raise RegionRoutingError(
+                    f"the table has no region spec and {len(regions)} region(s) created by hand "
+                    f"({shown}); a key may be in any of them, so rows cannot be routed: write with "
+                    "table.region_writer(region_id)"
+                )
+            details = pb.MemWalIndexDetails()
+            details.CopyFrom(self.details)
+            bound = unsharded().bind(
+                self.schema.field_ids, self.schema.schema, primary_key=self.schema.primary_key
+            )
+            details.sharding_specs.append(bound.to_proto())
+            details.num_shards = 1
+            try:
+                memwal_index.replace_details(
+                    self.uri, details, self.dataset.version, self.storage_options or None
+                )
+            except CommitConflictError:  # another process gave it a spec first: use that one
+                log.info("a concurrent writer gave %s its region spec first", self.uri)
+            self.refresh()
 
     @cached_property
     def _current_rows(self) -> WriterLookup:
@@ -286,7 +327,9 @@ class Table(TableHandle):
         compact: CompactionSettings | None = compaction.DEFAULT_SETTINGS,
         index_upkeep: IndexUpkeepSettings | None = None,
     ) -> list[_maintain.Round]:
-        """Run merge, index build, index catch-up (bounded by `index_upkeep`), base compaction
+        """Run the recovery of regions whose writer is gone (their writer lease expired or was
+        released: `memwal_df.jobs.region_recovery`), merge, index build, index catch-up (bounded by
+        `index_upkeep`), base compaction
         (`compact`; None: none), cleanup of base versions older than `version_retention` (None: keep
         all) but the newest `keep_versions`, and GC every `interval` seconds until `stop` is set or
         `max_rounds` rounds ran, logging and retrying failed jobs; see `memwal_df.jobs.maintain`."""
@@ -343,6 +386,7 @@ class Table(TableHandle):
         consumers.remove_consumer(self.storage, consumer_id)
 
     def region_status(self, region_id: uuid.UUID) -> RegionStatus | None:
+        """The region as its latest manifest describes it; None when the region has no manifest."""
         m = RegionManifestStore(self.storage, region_id).latest()
         if m is None:
             return None

@@ -3,7 +3,7 @@
 modules, and the tests check
 
 * no import cycle between modules;
-* the layers, lowest first: `errors` / `pools` / `_moved` / `_lance_log` < `format` < `write` < `read`
+* the layers, lowest first: `errors` / `pools` / `_lance_log` < `format` < `write` < `read`
   < `jobs` < `table` < `cli` / `spark` < `memwal_df` (`__init__`) / `__main__`: a module imports
   only from its own layer or lower ones;
 * no module imports another module's private name (`_name`: a function, class or module; a package
@@ -24,17 +24,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "memwal_df"
-GENERATED = {"memwal_df/format/proto/memwal_pb2.py"}
+GENERATED = {"memwal_df/format/proto/memwal_pb2.py", "memwal_df/server/proto/FlightSql_pb2.py"}
 MAX_LINES = 600
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "pools", "_moved", "_lance_log"),
+    ("errors", "pools", "_lance_log"),
     ("format",),
     ("write",),
     ("read",),
     ("jobs",),
     ("table",),
-    ("cli", "spark"),
+    ("cli", "spark", "server"),
     ("", "__main__"),  # the package's __init__ (its name has no part after `memwal_df`)
 ]
 
@@ -144,6 +144,46 @@ def test_modules_import_only_their_own_layer_or_lower_ones() -> None:
     ]
     if upward:
         pytest.fail("imports from a higher layer:\n" + "\n".join(upward))
+
+
+# The read path's own floors, lowest first: a kind of query imports the core and the floors below it,
+# never a sibling kind or the way in.
+READ_LAYERS: list[tuple[str, ...]] = [
+    ("exec", "expr"),
+    ("lsm",),
+    ("scan", "lookup", "changes"),
+    ("search",),
+    ("dataset",),
+    ("sql", ""),  # `read/__init__.py` names the way in
+]
+
+
+def read_layer(module: str) -> int:
+    """The rank of a `memwal_df.read` module's floor in `READ_LAYERS` (0 lowest)."""
+    parts = module.split(".")
+    first = parts[2] if len(parts) > 2 else ""
+    for rank, names in enumerate(READ_LAYERS):
+        if first in names:
+            return rank
+    raise AssertionError(f"{module} belongs to no floor of the read path: add it to READ_LAYERS")
+
+
+def test_read_path_modules_import_only_lower_floors() -> None:
+    """Within `read`, each kind of query (scan, lookup, search, changes) stands on the shared core
+    (`lsm`, `expr`, `exec`) and imports no sibling kind on its floor or anything above it."""
+    read = [m for m in MODULES if m.startswith(f"{PACKAGE}.read")]
+    upward = []
+    for module in read:
+        for imp in imports_of(module):
+            inside = imp.target in MODULES and imp.target.startswith(f"{PACKAGE}.read")
+            if not inside or imp.target == module:
+                continue
+            src, dst = read_layer(module), read_layer(imp.target)
+            sibling = src == dst and module.split(".")[2:3] != imp.target.split(".")[2:3]
+            if dst > src or sibling:
+                upward.append(str(imp))
+    if upward:
+        pytest.fail("read-path imports from a higher floor or a sibling kind of query:\n" + "\n".join(upward))
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
@@ -256,8 +296,9 @@ def test_docs_name_only_files_that_exist() -> None:
     import re
 
     texts = {p: p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    folders = "format|write|read|jobs|cli|spark|server"
     texts[ROOT / "docs" / "architecture.md (code map)"] = re.sub(
-        r"`((?:format|write|read|jobs|cli|spark)/[\w/]+\.py|[\w]+\.py)`", r"`memwal_df/\1`", _code_map()
+        rf"`((?:{folders})/[\w/]+\.py|[\w]+\.py)`", r"`memwal_df/\1`", _code_map()
     )
     stale = [
         f"{doc.relative_to(ROOT)}: {path}"
@@ -266,3 +307,15 @@ def test_docs_name_only_files_that_exist() -> None:
         if not (ROOT / path).exists()
     ]
     assert not stale, "paths in the docs that are not in the tree:\n" + "\n".join(stale)
+
+
+def test_the_code_map_table_is_what_the_script_prints() -> None:
+    """The code map's table is `scripts/code_map.py`'s output: each module's docstring, as it is now."""
+    import subprocess
+    import sys
+
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "code_map.py")], capture_output=True, text=True, check=True
+    ).stdout
+    stale = "docs/architecture.md's code map is stale: paste the output of `python scripts/code_map.py`"
+    assert printed.strip() in _code_map(), stale

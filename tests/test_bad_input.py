@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.cases import backend, cases
 from support.figures import case_name, record
+from support.optional import not_none
 from support.reference import stored_rows
 from support.wal_oracle import apply_rows
 
@@ -312,7 +313,7 @@ def test_a_wal_entry_with_vectors_of_another_dimension_is_corrupt(tmp_path):
         {"id": [9], "v": ["x"], "vec": [[1.0, 2.0]], "_tombstone": [False]},
         schema=wal_schema(other, table.schema.field_ids),
     )
-    m = table.region_status(region)
+    m = not_none(table.region_status(region))
     position = m.wal_entry_position_last_seen + 1
     Wal(table.storage, region).append(position, encode_entry([rows], m.writer_epoch, m.current_generation))
     with pytest.raises(errors.CorruptWalEntryError, match="does not match the table schema") as e:
@@ -447,7 +448,7 @@ def test_corrupt_files_raise_typed_errors_naming_them(request, tmp_path, kind, c
     rw.put(pa.table({"id": pa.array(rw_keys(table, rid), pa.int64()), "v": ["again"] * 2}))
     position = rw.stats()["next_wal_position"] - 2
     rw.abort()
-    manifest = table.region_status(rid).manifest_version
+    manifest = not_none(table.region_status(rid)).manifest_version
     path = layout.wal_path(rid, position) if what == "wal" else layout.manifest_path(rid, manifest)
     data = table.storage.get(path)
     if damage is None:  # a valid manifest of another version in this version's place
@@ -485,7 +486,7 @@ def test_corrupt_files_raise_typed_errors_naming_them(request, tmp_path, kind, c
 def rw_keys(table: mw.Table, rid: uuid.UUID) -> list[int]:
     """Two keys of region `rid`."""
     keys = pa.table({"id": pa.array(range(1000), pa.int64())})
-    values = table.spec.evaluate(keys, table.schema.field_ids)[0].to_pylist()
+    values = not_none(table.spec).evaluate(keys, table.schema.field_ids)[0].to_pylist()
     mine = [k for k, v in zip(range(1000), values, strict=True) if table.region_id_for((v,)) == rid]
     return mine[:2]
 
@@ -588,7 +589,7 @@ def test_huge_batch_is_written_in_bounded_memory(tmp_path, request, mb):
     table = mw.open_table(uri)
     assert table.dataset.count_rows() == 0
     rid = table.region_ids()[0]
-    status = table.region_status(rid)
+    status = not_none(table.region_status(rid))
     assert sum(1 for _ in status.flushed_generations) >= 1
     got = flushed_row_count(table)
     assert got == m["rows"]
@@ -610,6 +611,71 @@ def flushed_row_count(table: mw.Table) -> int:
     """Rows in the flushed generations of every region."""
     total = 0
     for rid in table.region_ids():
-        for _, path in table.region_status(rid).flushed_generations:
+        for _, path in not_none(table.region_status(rid)).flushed_generations:
             total += lance.dataset(table.storage.child_uri(layout.generation_path(rid, path))).count_rows()
     return total
+
+
+# ---------------------------------------------------------------------------------------------------
+# Type conversions: decided by the input's type, never by its values (docs/writing.md, "Types")
+# ---------------------------------------------------------------------------------------------------
+
+VEC2 = pa.list_(pa.float32(), 2)
+# (column type, input values, the value stored, or the words of the SchemaMismatchError)
+CONVERSIONS: list[tuple[pa.DataType, pa.Array, Any]] = [
+    (pa.int64(), pa.array([4.0]), "has type double, the table has int64: floating-point values are never"),
+    (pa.int64(), pa.array([1.5]), "has type double, the table has int64"),
+    (pa.int32(), pa.array([4.0], pa.float32()), "the table has int32: floating-point values are never"),
+    (pa.int64(), pa.array([-3], pa.int8()), -3),
+    (pa.int32(), pa.array([7]), 7),
+    (pa.int32(), pa.array([2**40]), "of type int64 cannot be converted to the table's int32"),
+    (pa.uint8(), pa.array([-1]), "of type int64 cannot be converted to the table's uint8"),
+    (pa.float64(), pa.array([3]), 3.0),
+    (pa.float32(), pa.array([2**20]), float(2**20)),
+    (pa.float32(), pa.array([2**30 + 1]), "of type int64 cannot be converted to the table's float"),
+    (pa.float32(), pa.array([1.5]), 1.5),
+    (pa.float32(), pa.array([1e300]), "of type double has values out of the range of the table's float"),
+    (pa.float64(), pa.array([0.25], pa.float32()), 0.25),
+    (VEC2, pa.array([[1, 2]]), [1.0, 2.0]),
+    (VEC2, pa.array([[1e300, 0.0]]), "has values out of the range of the table's fixed_size_list"),
+    (pa.list_(pa.int64()), pa.array([[1.0, 2.0]]), "the table has list<item: int64>"),
+]
+
+
+@pytest.mark.parametrize(("column", "values", "expected"), CONVERSIONS)
+@pytest.mark.parametrize("form", ["arrow", "rows", "columns"])
+def test_conversions_follow_the_column_and_input_types(tmp_path, column, values, expected, form) -> None:
+    """Each input form (an Arrow table, a list of row dicts, a dict of columns: the Python values
+    take Arrow's inferred type) is accepted or refused by the types alone, with a SchemaMismatchError
+    naming the column and both types; out-of-range values of an accepted type are refused too."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("c", column)])
+    table = mw.create_table(str(tmp_path / "t"), schema, "id")
+    data: Any = pa.table({"id": pa.array([1], pa.int64()), "c": values})
+    if form == "rows":
+        data = data.to_pylist()
+    elif form == "columns":
+        data = data.to_pydict()
+    with table.writer() as w:
+        if isinstance(expected, str):
+            with pytest.raises(errors.SchemaMismatchError) as raised:
+                w.put(data)
+            assert "column 'c'" in str(raised.value) and expected in str(raised.value)
+            return
+        w.put(data)
+    got = mw.MemWalTable(table).to_table().to_pylist()
+    assert got == [{"id": 1, "c": expected}]
+
+
+def test_keys_and_conditions_follow_the_same_rules(tmp_path) -> None:
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("n", pa.int32()), ("x", pa.float64())])
+    table = mw.create_table(str(tmp_path / "t"), schema, "id")
+    with table.writer() as w:
+        w.put({"id": [1, 2], "n": [10, 20], "x": [0.5, 1.5]})
+        with pytest.raises(errors.SchemaMismatchError, match="has type double, the table has int64"):
+            w.delete([2.0])
+        with pytest.raises(errors.InvalidConditionError, match="'n' has type double, the table has int32"):
+            w.put({"id": [1], "n": [11], "x": [0.5]}, partial=True, if_match={"n": 10.0})
+        applied = w.put({"id": [1], "x": [2.5]}, partial=True, if_match={"n": 10, "x": 0})  # ints for floats
+        assert applied is not None
+        w.delete([2])
+    assert mw.MemWalTable(table).to_table().to_pylist() == [{"id": 1, "n": 10, "x": 0.5}]

@@ -17,6 +17,7 @@ import lance
 import pyarrow as pa
 import pytest
 from support.jobs import Workload, create, rows_at
+from support.optional import not_none
 
 import memwal_df as mw
 from memwal_df.errors import MemWalError
@@ -109,7 +110,7 @@ def test_every_base_file_of_create_merge_index_and_compaction_is_fsynced(tmp_pat
     assert rows_at(table) == work.model
 
 
-def _newest_manifest(uri: str) -> str:
+def _newest_manifest(uri: str) -> Path:
     return min(Path(uri, "_versions").glob("*.manifest"), key=lambda p: int(p.stem))  # V2 naming
 
 
@@ -174,7 +175,9 @@ def test_recover_rolls_back_a_newest_version_whose_files_did_not_survive(tmp_pat
         else:
             path.unlink()
     elif tear == "deletion_missing":
-        dels = [f.deletion_file() for f in ds.get_fragments() if f.metadata.deletion_file is not None]
+        dels = [
+            not_none(f.deletion_file()) for f in ds.get_fragments() if f.metadata.deletion_file is not None
+        ]
         assert dels, "the merge deleted rows of older fragments"
         newest = max(dels, key=lambda p: Path(table.uri, p).stat().st_mtime_ns)
         Path(table.uri, newest).unlink()

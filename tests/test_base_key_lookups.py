@@ -1,5 +1,5 @@
 """Point lookups in the base through the base key index carried across base versions
-(`memwal_df.read.base_keys`; tests/test_base_keys.py checks the index itself against Lance).
+(`memwal_df.read.lsm.base_key_index`; tests/test_base_keys.py checks the index itself against Lance).
 
 1. A merge patches the previous version's index, reading only the new fragments' keys (`BASE_KEYS`
    counters), and lookups return the model's rows.
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import memwal_df as mw
 from memwal_df.jobs.maintain import cleanup_versions
-from memwal_df.read.base_keys import BASE_KEYS
+from memwal_df.read.lsm.base_key_index import BASE_KEYS
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())])
 

@@ -15,14 +15,15 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.optional import not_none
 
 from memwal_df.format.deletion_files import decode, deleted_offsets, roaring_values
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.storage import Storage
-from memwal_df.read.base_keys import BaseKeyIndex, BaseShadow, ShadowSet, fragment_signatures
-from memwal_df.read.exec import masked_scan
-from memwal_df.read.exec.masked_scan import MaskedScanExec, fragment_rows
-from memwal_df.read.spans import base_spans
+from memwal_df.read.lsm.base_key_index import BaseKeyIndex, BaseShadow, ShadowSet, fragment_signatures
+from memwal_df.read.scan import masked_scan
+from memwal_df.read.scan.masked_scan import MaskedScanExec, fragment_rows
+from memwal_df.read.scan.spans import base_spans
 
 
 def _rows(ids: np.ndarray, tag: int = 0) -> pa.Table:
@@ -55,8 +56,8 @@ def test_deletion_files_read_as_lance_reads_them(tmp_path, where):
     ds.delete(where)
     ds = lance.dataset(uri)
     (fragment,) = ds.get_fragments()
-    d = fragment.metadata.deletion_file
-    data = open_storage(uri).get(fragment.deletion_file())
+    d = not_none(fragment.metadata.deletion_file)
+    data = open_storage(uri).get(not_none(fragment.deletion_file()))
     assert np.array_equal(decode(data, d.file_type), _lance_deleted(ds, fragment))
     assert np.array_equal(deleted_offsets(open_storage(uri), fragment), _lance_deleted(ds, fragment))
     assert np.array_equal(deleted_offsets(None, fragment), _lance_deleted(ds, fragment))  # Lance's scan

@@ -1,4 +1,4 @@
-"""Index catch-up aware scan plans (`memwal_df.read.catchup`): exact results, the expected plan, and the
+"""Index catch-up aware scan plans (`memwal_df.read.scan.catchup`): exact results, the expected plan, and the
 fall-backs.
 
 Histories are built with the real writer and the test merger (`support.jobs`), with base scalar
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import datetime
 import shutil
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import datafusion
 import lance
@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.jobs import flushed_generations, gc_merged, merge_all, merge_region
+from support.optional import not_none
 from test_dataset import (
     INT,
     INT_TRUNCATE,
@@ -40,14 +41,14 @@ from test_dataset import (
 import memwal_df as mw
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import checksums, memwal_index
-from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
-from memwal_df.read.exec.dedup import DeduplicateExec
-from memwal_df.read.exec.masked_scan import MaskedScanExec
+from memwal_df.read.scan.anti_join_scan import AntiJoinScanExec
+from memwal_df.read.scan.dedup import DeduplicateExec
+from memwal_df.read.scan.masked_scan import MaskedScanExec
 
 FILTER = pc.field("v") < 40
 
 
-def index(lsm: Lsm, column: str, kind: str = "BTREE") -> None:
+def index(lsm: Lsm, column: str, kind: Literal["BTREE", "BITMAP"] = "BTREE") -> None:
     lance.dataset(lsm.uri).create_scalar_index(column, kind)
     lsm.table.refresh()
 
@@ -301,7 +302,7 @@ def test_catchup_not_matching_the_index_build_falls_back(tmp_path):
     stage_memtable(lsm)
     lsm.close()
     merge_all(lsm.table)
-    details, _ = memwal_index.read_details(lsm.uri)
+    details, _ = not_none(memwal_index.read_details(lsm.uri))
     progress = next(p for p in details.index_catchup if p.index_name == "v_idx")
     for c in progress.caught_up_generations:
         c.generation -= 1
@@ -340,6 +341,10 @@ OPS = st.lists(
 RANDOM_FILTERS = [FILTER, pc.field("v") >= 30, pc.field("v") == 7.0, pc.field("v").isin([1.0, 44.0, 60.0])]
 
 
+def _shifted(value: int) -> Callable[[int], float]:
+    return lambda i: float((i + value) % 80)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_random_histories_match_the_model(tmp_path_factory, ops):
@@ -348,7 +353,7 @@ def test_random_histories_match_the_model(tmp_path_factory, ops):
         index(lsm, "v")
         for op, ids, value in ops:
             if op == "put":
-                lsm.put_values(ids, lambda i, value=value: float((i + value) % 80))
+                lsm.put_values(ids, _shifted(value))
             elif op == "delete":
                 lsm.delete(ids)
             elif op == "flush":

@@ -252,7 +252,8 @@ def test_registered_consumers_pin_generations_until_they_expire(table_uri, table
 def test_bad_arguments_raise_typed_errors_and_change_nothing(tmp_path):
     table, _ = written(tmp_path, generations=1)
     region = str(table.region_ids()[0])
-    for since in ["newest", "{", '{"x": {"generation": 1, "position": 0}}', {region: [1, 0]}]:
+    bad_offsets: list[Any] = ["newest", "{", '{"x": {"generation": 1, "position": 0}}', {region: [1, 0]}]
+    for since in bad_offsets:
         with pytest.raises(InvalidArgumentError):
             table.changes(since)
     with pytest.raises(InvalidArgumentError):

@@ -15,8 +15,10 @@ import subprocess
 import sys
 import time
 import tomllib
+import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import lance
 import pyarrow as pa
@@ -25,6 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.optional import not_none
 from support.reference import stored_rows
 
 import memwal_df as mw
@@ -33,6 +36,7 @@ from memwal_df.cli import bench as cli_bench
 from memwal_df.cli.inputs import Progress, rebatch
 from memwal_df.cli.parse import parse_region_spec, parse_schema
 from memwal_df.errors import InvalidArgumentError
+from memwal_df.format import layout
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "id:int64,name:string,score:float64,vec:vector[3]"
@@ -45,7 +49,7 @@ def cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def cli_json(capsys: pytest.CaptureFixture, *argv: str) -> object:
+def cli_json(capsys: pytest.CaptureFixture, *argv: str) -> Any:
     code, out, err = cli(capsys, *argv, "--json")
     assert code == Exit.OK, err
     return json.loads(out)
@@ -268,7 +272,8 @@ def test_maintain_and_recover(capsys, tmp_path):
 def test_errors_map_to_exit_codes(capsys, tmp_path, argv, code, message):
     table = tmp_path / "t"
     mw.create_table(str(table), parse_schema("id:int64,v:float64"), "id", region_spec=mw.bucket("id", 2))
-    mw.create_table(str(tmp_path / "nospec"), parse_schema("id:int64,v:float64"), "id")
+    nospec = mw.create_table(str(tmp_path / "nospec"), parse_schema("id:int64,v:float64"), "id")
+    nospec.region_writer(uuid.uuid4()).close()  # a region made by hand: rows cannot be routed
     (tmp_path / "data.txt").write_text("id\n1\n")
     (tmp_path / "corrupt.parquet").write_bytes(b"not a parquet file")
     (tmp_path / "other.csv").write_text("x\n1\n")
@@ -733,3 +738,120 @@ def test_status_lists_change_feed_consumers(tmp_path, capsys):
     assert {k["consumer_id"]: k["generations_behind"] for k in status["consumers"]}["mirror"] == 0
     code, text, _ = cli(capsys, "status", uri)
     assert code == Exit.OK and "change-feed consumers" in text and "no (expired)" in text
+
+
+# ---------------------------------------------------------------------------------------------------
+# exit codes and --json output of real `memwal` processes
+# ---------------------------------------------------------------------------------------------------
+
+
+def run_cli(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m memwal_df ARGV` in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "memwal_df", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+def flushed_table(uri: str) -> mw.Table:
+    """A table of two regions, ids 0-9 in flushed generations."""
+    table = mw.create_table(uri, parse_schema("id:int64,v:float64"), "id", region_spec=mw.bucket("id", 2))
+    with table.writer() as w:
+        w.put({"id": list(range(10)), "v": [i / 2 for i in range(10)]})
+        w.flush()
+    return table
+
+
+@pytest.mark.parametrize("damage", ["manifest", "generation"])
+def test_status_exits_non_zero_when_it_lists_corrupt_regions(tmp_path, damage):
+    uri = str(tmp_path / "t")
+    table = flushed_table(uri)
+    healthy = run_cli("status", uri, "--json")
+    assert healthy.returncode == Exit.OK and json.loads(healthy.stdout)["corrupt_regions"] == []
+    region = table.region_ids()[0]
+    if damage == "manifest":
+        path = layout.manifest_path(region, not_none(table.region_status(region)).manifest_version)
+        manifest = table.storage.get(path)
+        table.storage.put(path, manifest[: len(manifest) // 2])
+    else:
+        path = next(p for p in table.storage.list(f"_mem_wal/{region}") if "/data/" in p and "_gen_" in p)
+        data = bytearray(table.storage.get(path))
+        data[10] ^= 0xFF
+        table.storage.put(path, bytes(data))
+    text = run_cli("status", uri)
+    assert text.returncode == Exit.FAILED and "CORRUPT" in text.stdout and path in text.stdout
+    as_json = run_cli("status", uri, "--json")
+    assert as_json.returncode == Exit.FAILED
+    (listed,) = json.loads(as_json.stdout)["corrupt_regions"]
+    assert (listed["region_id"], listed["path"]) == (str(region), path)
+
+
+def test_json_errors_are_one_document_on_stdout(tmp_path):
+    """With --json a failed command prints {"error": {"type", "message"}} as the one line of stdout
+    and exits with the error's code; JSON input is converted by the table's type rules."""
+    uri = str(tmp_path / "t")
+    flushed_table(uri)
+    floats = tmp_path / "floats.jsonl"
+    floats.write_text('{"id": 20, "v": 1.5}\n{"id": 21.0, "v": 2.5}\n')
+    ints = tmp_path / "ints.jsonl"
+    ints.write_text('{"id": 22, "v": 3}\n')
+    cases = [
+        (["status", str(tmp_path / "none")], Exit.NOT_FOUND, "TableNotFoundError", "no Lance table"),
+        (["merge", str(tmp_path / "none")], Exit.NOT_FOUND, "TableNotFoundError", "no Lance table"),
+        (
+            ["sql", "-t", uri, "SELECT * FROM vector_search('t', 'v', [1.0], id)"],
+            Exit.SQL,
+            "InvalidConfigError",
+            "vector_search: k must be a literal value, not the expression id",
+        ),
+        (
+            ["sql", "-t", uri, "SELECT * FROM fts('u', 'v', 'x', 3)"],
+            Exit.SQL,
+            "TableNotRegisteredError",
+            "'u'",
+        ),
+        (["sql", "-t", uri, "SELECT nope FROM t"], Exit.SQL, "SqlError", "nope"),
+        (["explain", uri, "nope = 1"], Exit.USAGE, "InvalidArgumentError", "nope"),
+        (
+            ["ingest", uri, str(floats)],
+            Exit.USAGE,
+            "SchemaMismatchError",
+            "column 'id' has type double, the table has int64: floating-point values are never converted",
+        ),
+    ]
+    for argv, code, kind, words in cases:
+        run = run_cli(*argv, "--json")
+        assert run.returncode == code, (argv, run.stdout, run.stderr)
+        (line,) = run.stdout.splitlines()
+        error = json.loads(line)["error"]
+        assert error["type"] == kind and words in error["message"], (argv, error)
+    assert run_cli("ingest", uri, str(ints), "--json").returncode == Exit.OK  # integers for a float column
+    got = json.loads(run_cli("sql", "-t", uri, "--json", "SELECT id, v FROM t WHERE id > 9").stdout)
+    assert got == [{"id": 22, "v": 3.0}]
+
+
+def test_sql_json_prints_one_line_per_statement(tmp_path):
+    uri = str(tmp_path / "t")
+    flushed_table(uri)
+    script = (
+        "SELECT count(*) AS n FROM t;\n"
+        "SELECT * FROM vector_search('t', 'v', [1.0], id);\n"
+        "\\d\n"
+        "\\timing\n"
+        "SELECT id FROM t\n  WHERE id < 2 ORDER BY id;\n"
+        "SELECT 'a;b' AS s, 1.5 AS x;\n"
+    )
+    run = run_cli("sql", "-t", uri, "--json", stdin=script)
+    assert run.returncode == Exit.SQL  # a statement failed
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert lines[0] == [{"n": 10}]
+    assert (
+        lines[1]["error"]["type"] == "InvalidConfigError"
+        and "k must be a literal" in lines[1]["error"]["message"]
+    )
+    assert lines[2:] == [["t"], [{"id": 0}, {"id": 1}], [{"s": "a;b", "x": 1.5}]]
+    assert "timing on" in run.stderr and "time:" in run.stderr

@@ -248,7 +248,9 @@ def test_compaction_racing_merges_and_index_writers(tmp_path, monkeypatch, seed)
     lance.dataset(table.uri).create_scalar_index("id", "BTREE")
     work, oracle = Workload(table, seed), VersionOracle(table)
     _jitter(monkeypatch, seed)
-    stop, errors, done = threading.Event(), [], []
+    stop = threading.Event()
+    errors: list[tuple[str, BaseException]] = []
+    done: list[str] = []
     jobs = ("merge", "merge", "build_index", "catch_up_indexes", "compact")
     threads = [threading.Thread(target=_loop, args=(table.uri, None, j, stop, errors, done)) for j in jobs]
     for t in threads:

@@ -36,9 +36,10 @@ from memwal_df import errors
 from memwal_df.cli import Exit, main
 from memwal_df.format import layout, memwal_index
 from memwal_df.format.wal import Wal
-from memwal_df.read.predicate import column_predicates
-from memwal_df.read.scan_planner import plan_scan
-from memwal_df.read.snapshot import pin, restore, take_snapshot
+from memwal_df.jobs.index_builder import BuildResult
+from memwal_df.read.expr.predicate import column_predicates
+from memwal_df.read.lsm.snapshot import pin, restore, take_snapshot
+from memwal_df.read.scan.planner import plan_scan
 
 KEYS = range(40)
 GUARANTEE = "a corrupt region stays one region's problem"
@@ -57,7 +58,24 @@ def _rows(keys: Any, tag: str) -> pa.Table:
     return pa.table({"id": pa.array(keys, pa.int64()), "v": [f"{tag}{k}" for k in keys]})
 
 
+def _status(table: mw.Table, region_id: uuid.UUID) -> mw.RegionStatus:
+    status = table.region_status(region_id)
+    assert status is not None
+    return status
+
+
+def _failed_path(failure: BaseException, region_id: uuid.UUID) -> str:
+    """The corrupt file a CorruptRegionsError names for `region_id`."""
+    assert isinstance(failure, errors.CorruptRegionsError)
+    error = failure.errors[region_id]
+    assert isinstance(
+        error, errors.CorruptWalEntryError | errors.CorruptManifestError | errors.CorruptGenerationError
+    )
+    return error.path
+
+
 def _keys_of(table: mw.Table, region_id: uuid.UUID) -> list[int]:
+    assert table.spec is not None
     values = table.spec.evaluate(_rows(KEYS, ""), table.schema.field_ids)[0].to_pylist()
     return [k for k, v in zip(KEYS, values, strict=True) if table.region_id_for((v,)) == region_id]
 
@@ -116,12 +134,12 @@ def test_recover_replays_healthy_regions_past_a_corrupt_wal_entry(request, tmp_p
         table.recover()
     assert set(e.value.errors) == {bad}
     assert isinstance(e.value.errors[bad], errors.CorruptWalEntryError)
-    assert e.value.errors[bad].path == path and path in str(e.value)
-    assert sorted(e.value.result) == sorted(good)
+    assert _failed_path(e.value, bad) == path and path in str(e.value)
+    assert isinstance(e.value.result, list) and sorted(e.value.result) == sorted(good)
     seen = _sql(table.uri, None, "SELECT * FROM t")  # the healthy regions' writes are flushed
     assert all(seen[k] == f"w{k}" for keys in pending.values() for k in keys)
     for region_id in good:
-        status = table.region_status(region_id)
+        status = _status(table, region_id)
         assert status.replay_after_wal_entry_position >= status.wal_entry_position_last_seen - 1
     record(
         GUARANTEE, case_name(request), corrupt_files=1, regions_recovered=len(good), rows_checked=len(seen)
@@ -132,11 +150,11 @@ def test_recover_skips_a_region_whose_manifest_is_corrupt(request, tmp_path):
     table = _table(str(tmp_path / "t"), None)
     bad, good = table.region_ids()[:2]
     _unflushed(table, good, _rows(_keys_of(table, good)[:2], "w"))
-    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    path = layout.manifest_path(bad, _status(table, bad).manifest_version)
     _corrupt(table, path)
     with pytest.raises(errors.CorruptRegionsError) as e:
         table.recover()
-    assert e.value.errors[bad].path == path
+    assert _failed_path(e.value, bad) == path
     assert e.value.result == [good]
     record(GUARANTEE, case_name(request), corrupt_files=1, regions_recovered=1)
 
@@ -148,13 +166,14 @@ def test_routed_write_stores_healthy_regions_and_refuses_the_corrupt_one(request
     refused = _keys_of(table, bad)
     healthy = [k for k in KEYS if k not in refused]
     (position,) = _unflushed(table, bad, _rows(refused[:1], "x"))
-    manifest = table.region_status(bad).manifest_version
+    manifest = _status(table, bad).manifest_version
     path = layout.wal_path(bad, position) if what == "wal" else layout.manifest_path(bad, manifest)
     _corrupt(table, path)
     expected = errors.CorruptWalEntryError if what == "wal" else errors.CorruptManifestError
     w = table.writer()
     with pytest.raises(expected) as e:
         w.put(_rows(KEYS, "new"))
+    assert isinstance(e.value, errors.CorruptWalEntryError | errors.CorruptManifestError)
     assert e.value.path == path and str(bad) in str(e.value)
     assert any("were not written" in n for n in e.value.__notes__)
     with pytest.raises(expected):
@@ -183,7 +202,7 @@ def test_status_lists_each_corrupt_region_file_and_error(request, tmp_path, caps
     table = _table(str(tmp_path / "t"), None)
     bad = table.region_ids()[0]
     (position,) = _unflushed(table, bad, _rows(_keys_of(table, bad)[:1], "x"))
-    manifest = table.region_status(bad).manifest_version
+    manifest = _status(table, bad).manifest_version
     path = layout.wal_path(bad, position) if what == "wal" else layout.manifest_path(bad, manifest)
     _corrupt(table, path)
 
@@ -211,13 +230,13 @@ def test_status_lists_each_corrupt_region_file_and_error(request, tmp_path, caps
 def test_maintain_and_jobs_go_on_for_healthy_regions(request, tmp_path, capsys):
     table = _table(str(tmp_path / "t"), None)
     bad = table.region_ids()[0]
-    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    path = layout.manifest_path(bad, _status(table, bad).manifest_version)
     _corrupt(table, path)
 
     (done,) = table.maintain(interval=0, max_rounds=1, version_retention=None, grace=timedelta(0))
     for job in ("merge", "build_index", "gc"):
         assert isinstance(done.errors[job], errors.CorruptRegionsError), job
-        assert done.errors[job].errors[bad].path == path
+        assert _failed_path(done.errors[job], bad) == path
     progress = memwal_index.merged_generations(mw.open_table(table.uri).details)
     assert bad not in progress and all(progress[r] >= 1 for r in table.region_ids() if r != bad)
     assert len(done.results["merge"].regions) == len(table.region_ids()) - 1
@@ -236,11 +255,12 @@ def test_index_build_keeps_the_snapshot_row_of_a_region_with_a_corrupt_manifest(
     table = _table(str(tmp_path / "t"), None)
     table.build_index()
     bad = table.region_ids()[0]
-    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    path = layout.manifest_path(bad, _status(table, bad).manifest_version)
     _corrupt(table, path)
     with pytest.raises(errors.CorruptRegionsError) as e:
         table.build_index()
-    assert e.value.errors[bad].path == path
+    assert _failed_path(e.value, bad) == path
+    assert isinstance(e.value.result, BuildResult)
     assert e.value.result.regions == len(table.region_ids())  # the corrupt region's row is kept
     ctx = mw.register(datafusion.SessionContext())
     ctx.register_table("t", mw.MemWalTable(table.uri, consistency="snapshot"))
@@ -260,7 +280,7 @@ def test_corrupt_manifest_fails_only_queries_that_need_the_region(request, tmp_p
     table = _table(uri, options)
     bad, good = table.region_ids()[:2]
     b, g = _keys_of(table, bad)[0], _keys_of(table, good)
-    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    path = layout.manifest_path(bad, _status(table, bad).manifest_version)
     _corrupt(table, path)
     assert _sql(uri, options, f"SELECT * FROM t WHERE id = {g[0]}") == {g[0]: f"g{g[0]}"}
     in_list = ", ".join(map(str, g[:3]))
@@ -288,7 +308,7 @@ def test_search_runs_when_its_filter_prunes_a_region_with_a_corrupt_manifest(req
         w.put(pa.table({"id": pa.array(KEYS, pa.int64()), "vec": pa.array([[k, 0] for k in KEYS], vec)}))
     bad, good = table.region_ids()[:2]
     g = _keys_of(table, good)[0]
-    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    path = layout.manifest_path(bad, _status(table, bad).manifest_version)
     _corrupt(table, path)
     ctx = mw.register(datafusion.SessionContext())
     ctx.register_table("t", mw.MemWalTable(uri))
@@ -306,7 +326,7 @@ def test_pinned_scan_leaves_out_an_unreadable_region_its_filter_prunes(request, 
     table = _table(str(tmp_path / "t"), None)
     bad, good = table.region_ids()[:2]
     g = _keys_of(table, good)[0]
-    path = layout.manifest_path(bad, table.region_status(bad).manifest_version)
+    path = layout.manifest_path(bad, _status(table, bad).manifest_version)
     _corrupt(table, path)
     reader = mw.open_table(table.uri)
     snapshot = take_snapshot(reader)
@@ -357,7 +377,8 @@ def test_repair_sets_a_corrupt_trailing_entry_aside(request, tmp_path, capsys, k
     assert len(moved) == 1 and moved[0].endswith(path.rsplit("/", 1)[1])
     assert table.storage.get(moved[0]) == original[: len(original) // 2]  # set aside as it was
     sentinel = Wal(table.storage, bad).read(torn)
-    assert sentinel.is_sentinel and sentinel.writer_epoch == table.region_status(bad).writer_epoch
+    assert sentinel is not None
+    assert sentinel.is_sentinel and sentinel.writer_epoch == _status(table, bad).writer_epoch
 
     assert table.recover() == [bad]  # the acknowledged entry before it is replayed
     assert table.status()["corrupt_regions"] == []
@@ -414,12 +435,17 @@ def test_repair_sets_aside_a_corrupt_entry_generations_already_hold(request, tmp
     with table.region_writer(region_id) as rw:  # flushed: the entry's position is covered
         rw.put(_rows(keys[:2], "flushed"))
         position = rw.stats()["next_wal_position"] - 1
-    assert table.region_status(region_id).replay_after_wal_entry_position >= position
+    assert _status(table, region_id).replay_after_wal_entry_position >= position
     path = layout.wal_path(region_id, position)
     _corrupt(table, path)
-    jobs = {"interval": 0, "max_rounds": 1, "grace": timedelta(0), "version_retention": timedelta(0)}
+    jobs: dict[str, Any] = {
+        "interval": 0,
+        "max_rounds": 1,
+        "grace": timedelta(0),
+        "version_retention": timedelta(0),
+    }
     (done,) = table.maintain(**jobs, keep_versions=1)  # GC reads merged entries to delete them
-    assert done.errors["gc"].errors[region_id].path == path
+    assert _failed_path(done.errors["gc"], region_id) == path
 
     plan = table.repair_region(region_id)
     assert [x.path for x in plan.covered] == [path] and plan.entries == () and plan.rows_lost == 0
@@ -436,7 +462,7 @@ def test_repair_sets_aside_a_corrupt_entry_generations_already_hold(request, tmp
 def test_repair_does_not_touch_a_corrupt_region_manifest(request, tmp_path, capsys):
     table = _table(str(tmp_path / "t"), None)
     region_id = table.region_ids()[0]
-    path = layout.manifest_path(region_id, table.region_status(region_id).manifest_version)
+    path = layout.manifest_path(region_id, _status(table, region_id).manifest_version)
     _corrupt(table, path)
     before = _listing(table, region_id)
     with pytest.raises(errors.CorruptManifestError) as e:

@@ -35,18 +35,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import obstore
 import pyarrow as pa
 import pytest
 from obstore.exceptions import AlreadyExistsError
 from support.cases import backend, cases
 from support.children import close_process
 from support.figures import case_name, record
+from support.optional import not_none
 from support.reference import stored_rows
 from support.wal_oracle import apply_rows, check_region, durable_rows, wal_records
 
 import memwal_df as mw
 from memwal_df.errors import StorageError
-from memwal_df.format import layout, local_storage, object_storage
+from memwal_df.format import layout, local_storage
 from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.manifest import RegionManifestStore, new_manifest, next_version
 from memwal_df.format.open_storage import open_storage
@@ -66,7 +68,8 @@ import json, os, random, sys, threading, traceback
 import pyarrow as pa
 
 import memwal_df as mw
-from memwal_df import errors, generation
+from memwal_df import errors
+from memwal_df.write import generation
 from memwal_df.format import storage
 from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.object_storage import ObjectStorage
@@ -418,7 +421,9 @@ def check_all_regions(table: mw.Table) -> dict[uuid.UUID, Any]:
 
 
 def region_of(table: mw.Table, key: int) -> uuid.UUID:
-    values = table.spec.evaluate(pa.table({"id": pa.array([key], pa.int64())}), table.schema.field_ids)
+    values = not_none(table.spec).evaluate(
+        pa.table({"id": pa.array([key], pa.int64())}), table.schema.field_ids
+    )
     return table.region_id_for((values[0][0].as_py(),))
 
 
@@ -482,7 +487,7 @@ def test_crash_during_memtable_flush(request, tmp_path, spawn, kind, point, k):
     table = mw.open_table(uri, options)
     committed = point in COMMITTED
     found = check_region(table, rid)
-    latest = RegionManifestStore(table.storage, rid).latest()
+    latest = not_none(RegionManifestStore(table.storage, rid).latest())
     assert [s.generation for s in latest.sstables] == list(range(1, k + 1 if committed else k))
     hint = json.loads(table.storage.get(layout.version_hint_path(rid)))["version"]
     assert hint == (latest.version - 1 if point == "gen_after_manifest" else latest.version)
@@ -490,7 +495,7 @@ def test_crash_during_memtable_flush(request, tmp_path, spawn, kind, point, k):
         assert found.orphans == set()
     else:  # the directory of the k-th flush is there, partly written, and no manifest names it
         (orphan,) = found.orphans
-        assert layout.parse_generation_dir_name(orphan)[1] == k
+        assert not_none(layout.parse_generation_dir_name(orphan))[1] == k
         rel = layout.generation_path(rid, orphan)
         written = {  # what must be in the directory at each point (the rest may be, in any order)
             "gen_after_lance": {"lance"},
@@ -505,7 +510,7 @@ def test_crash_during_memtable_flush(request, tmp_path, spawn, kind, point, k):
     assert table.recover() == ([] if committed else [rid])
     assert stored_rows(table) == model.rows
     after = check_region(table, rid)
-    latest = RegionManifestStore(table.storage, rid).latest()
+    latest = not_none(RegionManifestStore(table.storage, rid).latest())
     assert [s.generation for s in latest.sstables] == list(range(1, k + 1))
     assert found.orphans <= after.orphans  # still referenced by no manifest version
     assert latest.sstables[-1].path not in found.orphans  # the retried flush used a new directory
@@ -813,7 +818,7 @@ def test_appendix1_writer_fencing_with_processes(request, tmp_path, spawn, kind)
     # 1-2: A loads version 1 (epoch 5) and claims epoch 6; it replays entries 11 and 12.
     reply = a.ok("claim", region=str(rid))
     assert reply["epoch"] == 6 and sorted(reply["replayed"]) == [111, 112]
-    assert store.latest().writer_epoch == 6
+    assert not_none(store.latest()).writer_epoch == 6
     # 3: A writes three WAL entries (after its fence sentinel at 13: ours are 14, 15, 16).
     a_positions = []
     for i in range(3):
@@ -824,7 +829,7 @@ def test_appendix1_writer_fencing_with_processes(request, tmp_path, spawn, kind)
     # 4-5: B loads the manifest (epoch 6) and claims epoch 7; its replay includes A's entries.
     reply = b.ok("claim", region=str(rid))
     assert reply["epoch"] == 7 and sorted(reply["replayed"]) == [111, 112, 200, 201, 202]
-    m = store.latest()
+    m = not_none(store.latest())
     assert m.writer_epoch == 7 and m.replay_after_wal_entry_position == 10
     # 6: B writes two WAL entries (after its sentinel at 17).
     for i in range(2):
@@ -850,7 +855,7 @@ def test_appendix1_writer_fencing_with_processes(request, tmp_path, spawn, kind)
         + [(17, 7, True), (18, 7, False), (19, 7, False), (20, 7, False)]
     )
     found = check_region(table, rid)
-    latest = store.latest()
+    latest = not_none(store.latest())
     assert latest.writer_epoch == 7 and [s.generation for s in latest.sstables] == [1, 2]
     assert latest.replay_after_wal_entry_position == 20
     assert len(found.orphans) == 1  # A's generation 2 attempt, written before it saw the new epoch
@@ -920,7 +925,7 @@ def test_ambiguous_claim_commit_is_never_taken_for_ours(monkeypatch, failure):
             )
         raise OSError("Generic S3 error: error sending request: operation timed out")
 
-    monkeypatch.setattr(object_storage.obs, "put", no_answer)
+    monkeypatch.setattr(obstore, "put", no_answer)
     assert RegionManifestStore(storage, rid).commit(identical) is False
 
 
@@ -933,19 +938,21 @@ def test_ambiguous_flush_commit_that_landed_counts_as_committed(monkeypatch):
     flushed = next_version(v1)
     flushed.sstables.add(generation=1, path="0123abcd_gen_1")
     flushed.current_generation = 2
-    real_put = object_storage.obs.put
+    real_put = obstore.put
 
     def landed_then_timeout(store, key, data, **kw):
         real_put(store, key, data, **kw)
         raise OSError("Generic S3 error: error sending request: operation timed out")
 
-    monkeypatch.setattr(object_storage.obs, "put", landed_then_timeout)
+    monkeypatch.setattr(obstore, "put", landed_then_timeout)
     assert RegionManifestStore(storage, rid).commit(flushed) is True
     monkeypatch.undo()
     assert RegionManifestStore(storage, rid).latest() == flushed
 
 
-def _fail_once_after_landing(monkeypatch, cls: type, path_part: str, make_error: Any) -> list[str]:
+def _fail_once_after_landing(
+    monkeypatch, cls: type[LocalStorage], path_part: str, make_error: Any
+) -> list[str]:
     """Wrap `cls.put_if_not_exists`: the next call whose path contains `path_part` writes, then raises."""
     real = cls.put_if_not_exists
     hits: list[str] = []
@@ -970,8 +977,8 @@ def test_flush_whose_manifest_put_lost_its_answer_commits_once(monkeypatch, s3_b
     rid = uuid.uuid4()
     rw = table.region_writer(rid)
     apply_op(rw, put_op([1, 2], "x"))
-    real_put = object_storage.obs.put
-    hits = []
+    real_put = obstore.put
+    hits: list[str] = []
 
     def landed_then_timeout(store, key, data, **kw):
         real_put(store, key, data, **kw)
@@ -979,11 +986,12 @@ def test_flush_whose_manifest_put_lost_its_answer_commits_once(monkeypatch, s3_b
             hits.append(key)
             raise OSError("Generic S3 error: error sending request: operation timed out")
 
-    monkeypatch.setattr(object_storage.obs, "put", landed_then_timeout)
+    monkeypatch.setattr(obstore, "put", landed_then_timeout)
     rw.flush()
     rw.close()
     assert hits
-    assert [s.generation for s in RegionManifestStore(table.storage, rid).latest().sstables] == [1]
+    latest = not_none(RegionManifestStore(table.storage, rid).latest())
+    assert [s.generation for s in latest.sstables] == [1]
     check_region(table, rid)
 
 
@@ -1033,8 +1041,8 @@ def test_entries_without_rows_leave_nothing_to_recover(tmp_path):
     empty = pa.RecordBatch.from_pylist([], schema=table.schema.wal)
     assert Wal(table.storage, rid).append(1, encode_entry([empty], rw.epoch, 1))
     rw.abort()
-    epoch = RegionManifestStore(table.storage, rid).latest().writer_epoch
+    epoch = not_none(RegionManifestStore(table.storage, rid).latest()).writer_epoch
     assert table.recover() == []
     assert table.recover() == []
-    assert RegionManifestStore(table.storage, rid).latest().writer_epoch == epoch
+    assert not_none(RegionManifestStore(table.storage, rid).latest()).writer_epoch == epoch
     assert stored_rows(table) == Model().rows

@@ -45,6 +45,7 @@ from support.jobs import (
     progress_history,
     rows_at,
 )
+from support.optional import not_none
 from support.reference import stored_rows
 from support.wal_oracle import durable_rows, freeze, reachable_states
 
@@ -141,7 +142,7 @@ def region_history(table: mw.Table, acked: list[dict[str, Any]], in_flight: list
     history = [(op_rows(op), True) for op in acked]
     for op in in_flight:
         keys = pa.table({"id": pa.array([r["id"] for r in op_rows(op)], pa.int64())})
-        regions = table.spec.evaluate(keys, table.schema.field_ids)[0].to_pylist()
+        regions = not_none(table.spec).evaluate(keys, table.schema.field_ids)[0].to_pylist()
         for region in sorted(set(regions)):
             history.append(([r for r, g in zip(op_rows(op), regions, strict=True) if g == region], False))
     return history
@@ -180,6 +181,7 @@ def test_writer_and_jobs_killed_at_random_moments(request, tmp_path, kind, seed)
         second.send_signal(signal.SIGKILL)
         for p in (writer, jobs):
             p.communicate(timeout=60)
+            assert isinstance(p.args, list)
             assert p.returncode == -signal.SIGKILL, (
                 f"the {p.args[3]} child ended before it was killed:\n{stderr_tail(p)}"
             )
@@ -214,7 +216,7 @@ def test_writer_and_jobs_killed_at_random_moments(request, tmp_path, kind, seed)
 
 # Every fragment of the test table is small (below 16 rows, which also splits the rewrite into several
 # fragments: more data files, a longer rewrite) and one deleted row makes a fragment due.
-COMPACTION = {
+COMPACTION: dict[str, Any] = {
     "target_rows_per_fragment": 16,
     "small_fragment_rows": 16,
     "min_small_fragments": 2,

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pytest
 from support.children import op_rows
 from support.figures import case_name, record
+from support.optional import not_none
 from support.reference import stored_rows
 from support.syscall_kill import CLASSES, ChildPool, Run, start_tracer, unavailable
 from support.wal_oracle import apply_rows, check_region, durable_rows
@@ -109,7 +110,9 @@ def random_ops(rng: random.Random, keys: list[int], n: int, tag: int) -> list[di
 
 
 def bucket_keys(table: mw.Table) -> dict[int, list[int]]:
-    values = table.spec.evaluate(pa.table({"id": pa.array(list(KEYS), pa.int64())}), table.schema.field_ids)
+    values = not_none(table.spec).evaluate(
+        pa.table({"id": pa.array(list(KEYS), pa.int64())}), table.schema.field_ids
+    )
     out: dict[int, list[int]] = {}
     for key, value in zip(KEYS, values[0].to_pylist(), strict=True):
         out.setdefault(value, []).append(key)
@@ -326,7 +329,9 @@ def test_the_tracer_kills_on_entry_to_the_kth_call_counted_over_threads(tmp_path
 
 def claim_cases() -> list[Any]:
     sample = [("replay", "namespace", 1, None), ("new", "namespace", 1, None)]
-    everything = [(region, cls, 3, None) for region in ("replay", "new") for cls in ("namespace", "sync")]
+    everything: list[tuple[str, str, int, int | None]] = [
+        (region, cls, 3, None) for region in ("replay", "new") for cls in ("namespace", "sync")
+    ]
     everything.append(("replay", "namespace", 2, 4))
     out = [pytest.param(*c, id="-".join(map(str, c))) for c in sample]
     out += [pytest.param(*c, marks=pytest.mark.slow, id="-".join(map(str, c))) for c in everything]
@@ -363,14 +368,14 @@ def test_kills_inside_a_region_claim(request, tmp_path, templates, pool, region,
         if run.killed:
             tally.kills += 1
             tally.positions.add(kill)
-            last = run.last("claiming", "claimed", "intent", "ack", "aborted")
+            last = run.last("claiming", "claimed", "intent", "ack", "aborting", "aborted")
             assert last is not None, f"{where}: killed before the first claim"
             if "claiming" in last:
                 tally.kills_inside += 1
             else:
                 tally.kills_elsewhere += 1
-                assert memtable_rows or "intent" in last, (
-                    f"{where}: killed outside a claim or a write: {last}"
+                assert memtable_rows or "intent" in last or "aborting" in last, (
+                    f"{where}: killed outside a claim, a write or an abort: {last}"
                 )
         recovered = check_table(uri, template.ops + acked, in_flight, tally, where)
         if recovered is not None:  # the region goes on working

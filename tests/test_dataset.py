@@ -37,8 +37,8 @@ from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.read import dataset as dataset_module
-from memwal_df.read.expression_tree import decode
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.expr.expression_tree import decode
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 CATS = ("a", "b", "c")
 N_BASE = 40
@@ -645,14 +645,22 @@ def test_one_registration_sees_every_later_flush_merge_and_gc(tmp_path):
         ctx = new_context()
         ctx.register_table("t", mw.MemWalTable(lsm.uri))
         queries = ["SELECT * FROM {t}", "SELECT count(*) FROM {t}", "SELECT id FROM {t} WHERE v < 40"]
+
+        def flushed(stage: Callable[[Lsm], None]) -> Callable[[], None]:
+            def step() -> None:
+                stage(lsm)
+                lsm.flush()
+
+            return step
+
         steps = [
             lambda: None,
-            lambda: (stage_gen1(lsm), lsm.flush()),
-            lambda: (stage_gen2(lsm), lsm.flush()),
+            flushed(stage_gen1),
+            flushed(stage_gen2),
             lambda: merge_region(lsm.table, lsm.table.region_ids()[0]),
             lambda: merge_all(lsm.table),
             lambda: gc_merged(lsm.table),
-            lambda: (stage_memtable(lsm), lsm.flush()),
+            flushed(stage_memtable),
             lambda: (merge_all(lsm.table), gc_merged(lsm.table)),
         ]
         for step in steps:

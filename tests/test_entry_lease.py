@@ -29,6 +29,7 @@ import memwal_df as mw
 from memwal_df.errors import CommitConflictError, CorruptManifestError
 from memwal_df.format import entry_lease, memwal_index
 from memwal_df.format import lease as lease_module
+from memwal_df.format.lease import Lease
 from memwal_df.jobs.merger import MergeResult
 
 
@@ -72,7 +73,7 @@ class _MergeInsideEntryCommit:
             self.after_commit()
             return done
 
-        def wait(storage: Any, lease: entry_lease.Lease | None) -> Any:
+        def wait(storage: Any, lease: Lease | None) -> Any:
             if threading.current_thread() is self.thread and lease and lease.active(lease_module.now_ms()):
                 self.held_back.set()
                 self.proceed.set()
@@ -168,7 +169,7 @@ def test_the_lease_is_released_and_pruned(tmp_path):
     assert held.epoch == 4 and entry_lease.current(table.storage) == held
     threading.Timer(0.2, entry_lease.release, args=(table.storage, held)).start()
     assert not entry_lease.admit(table.storage, table.uri, None)  # waited for the release
-    assert entry_lease.current(table.storage) == entry_lease.Lease(4, held.holder, held.expires_ms, True)
+    assert entry_lease.current(table.storage) == Lease(4, held.holder, held.expires_ms, True)
     assert entry_lease.admit(table.storage, table.uri, None)
 
 
@@ -239,7 +240,8 @@ def test_random_interleavings_threads(table_uri, table_storage_options, monkeypa
     lance.dataset(table.uri, storage_options=table_storage_options).create_scalar_index("id", "BTREE")
     work, oracle = Workload(table, seed), VersionOracle(table)
     _jitter(monkeypatch, seed)
-    stop, errors = threading.Event(), []
+    stop = threading.Event()
+    errors: list[BaseException] = []
     threads = [
         threading.Thread(target=_loop, args=(table.uri, table_storage_options, j, stop, errors)) for j in JOBS
     ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +36,17 @@ from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import layout, pk_index
-from memwal_df.read import base_keys
-from memwal_df.read.cache import GENERATIONS
 from memwal_df.read.exec.base import ExecNode
-from memwal_df.read.exec.bloom_guard import BloomFilterGuardExec
-from memwal_df.read.exec.coalesce_first import CoalesceFirstExec
-from memwal_df.read.exec.take_last import TakeLastExec
 from memwal_df.read.exec.union import UnionExec
-from memwal_df.read.keys import key_filter
-from memwal_df.read.levels import MemTableLevel
-from memwal_df.read.lookup_planner import plan_point_lookup
-from memwal_df.read.snapshot import ReadSnapshot, take_snapshot
+from memwal_df.read.lookup.bloom_guard import BloomFilterGuardExec
+from memwal_df.read.lookup.coalesce_first import CoalesceFirstExec
+from memwal_df.read.lookup.planner import plan_point_lookup
+from memwal_df.read.lookup.take_last import TakeLastExec
+from memwal_df.read.lsm import base_key_index
+from memwal_df.read.lsm.cache import GENERATIONS
+from memwal_df.read.lsm.keys import key_filter
+from memwal_df.read.lsm.levels import GenerationLevel, MemTableLevel
+from memwal_df.read.lsm.snapshot import ReadSnapshot, take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("x", pa.float64())])
 
@@ -137,7 +137,7 @@ class Counter:
 
 def scan_the_base(monkeypatch: pytest.MonkeyPatch) -> None:
     """Read base tables through a Lance scan, as for a base too large for a key index."""
-    monkeypatch.setattr(base_keys, "MAX_INDEXED_BASE_ROWS", -1)
+    monkeypatch.setattr(base_key_index, "MAX_INDEXED_BASE_ROWS", -1)
 
 
 @pytest.mark.parametrize("base", ["key index", "btree", "scan"])
@@ -280,7 +280,7 @@ def test_base_key_index_matches_scan_and_model(
         ds.create_scalar_index("id", "BTREE")
 
     rng = np.random.default_rng(5)
-    builds = base_keys.BASE_KEYS.builds
+    builds = base_key_index.BASE_KEYS.builds
     for step in [None, deleted, upserted, indexed, compacted, upserted]:
         if step is not None:
             step()
@@ -298,16 +298,16 @@ def test_base_key_index_matches_scan_and_model(
             scanned = lance.dataset(uri, version=ds.version)
             for keys in key_sets:
                 assert _take_base(scanned, keys) == {k: model[k] for k in keys if k in model}
-    assert base_keys.BASE_KEYS.builds == builds + 1  # later versions patch the first version's index
+    assert base_key_index.BASE_KEYS.builds == builds + 1  # later versions patch the first version's index
 
 
 def test_key_index_only_for_bases_up_to_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t = make_table(tmp_path / "t", n_base=50)
-    assert base_keys.indexable(t.dataset)
+    assert base_key_index.indexable(t.dataset)
     assert "via key index" in TakeLastExec(t.dataset, id_keys([1]), ["v"], ["id"]).describe()
-    monkeypatch.setattr(base_keys, "MAX_INDEXED_BASE_ROWS", 49)
+    monkeypatch.setattr(base_key_index, "MAX_INDEXED_BASE_ROWS", 49)
     again = lance.dataset(t.uri)
-    assert not base_keys.indexable(again)
+    assert not base_key_index.indexable(again)
     assert "via filtered scan" in TakeLastExec(again, id_keys([1]), ["v"], ["id"]).describe()
     assert _take_base(again, [1, 2, 99]) == {k: {"v": f"b{k}", "x": float(k), "id": k} for k in (1, 2)}
     monkeypatch.undo()
@@ -489,6 +489,7 @@ def test_native_generation_with_hidden_duplicates(tmp_path: Path) -> None:
     (region,) = [r for r in snap.regions if r.region_id == shard]
     assert region.values is None  # a native shard records no region values: every key asks it
     (level,) = region.levels
+    assert isinstance(level, GenerationLevel)
     ds = level.dataset()
     assert ds is not None
     frag = ds.get_fragments()[0]
@@ -543,6 +544,7 @@ def test_generation_without_pk_index_is_scanned(tmp_path: Path) -> None:
     native.close()
     snap = take_snapshot(t)
     (level,) = [lv for lv in snap.levels if lv.region_id == shard]
+    assert isinstance(level, GenerationLevel)
     t.storage.delete_prefix(f"{level.path}/{layout.PK_INDEX_DIR}")
     node = TakeLastExec(level, id_keys([1, 2, 3, 4]), ["v"], ["id"])
     out = {r["id"]: (r["v"], r["_tombstone"]) for r in node.to_table().to_pylist()}
@@ -556,7 +558,7 @@ def test_generation_without_pk_index_is_scanned(tmp_path: Path) -> None:
 
 
 _ids = st.lists(st.integers(0, 40), min_size=1, max_size=8)
-_op = st.one_of(
+_op: st.SearchStrategy[tuple[str, list[int]]] = st.one_of(
     st.tuples(st.just("put"), _ids),
     st.tuples(st.just("delete"), _ids),
     st.tuples(st.just("flush"), st.just([])),
@@ -705,6 +707,7 @@ def test_lazy_union_stops_with_the_consumer(tmp_path: Path, monkeypatch: pytest.
     assert isinstance(plan, UnionExec) and len(plan.children) == 4  # one key group per bucket
     counter = Counter(monkeypatch)
     it = plan.execute()
+    assert isinstance(it, Generator)
     first = next(it)
     assert first.num_rows >= 1
     it.close()
@@ -725,6 +728,7 @@ def test_garbage_collected_generation_is_skipped(tmp_path: Path) -> None:
     )
     snap = take_snapshot(t)
     gen1 = [lv for lv in snap.levels if lv.generation == 1][0]
+    assert isinstance(gen1, GenerationLevel)
     t.storage.delete_prefix(gen1.path or "")
     probe = [1, 2, 3, 40, 5]
     want = {1: "g11", 2: "g22", 40: "g140", 5: "b5"}
@@ -740,6 +744,7 @@ def test_garbage_collected_generation_is_skipped(tmp_path: Path) -> None:
         w.put(rows([1, 2], "g1"))
     snap = take_snapshot(t2)
     (gen,) = snap.levels
+    assert isinstance(gen, GenerationLevel)
     assert TakeLastExec(gen, id_keys([1]), ["v"], ["id"]).to_table().num_rows == 1
     shutil.rmtree(t2.storage.child_uri(gen.path or ""))
     # The readers that lookup opened still hold the files: the rows the snapshot lists come back.
@@ -760,7 +765,12 @@ def test_pk_index_is_read_once_per_generation(tmp_path: Path, monkeypatch: pytes
         w.put(rows([3], "g2"))
     reads: list[str] = []
     real = pk_index.read_pk_index
-    monkeypatch.setattr(pk_index, "read_pk_index", lambda uri, so=None: (reads.append(uri), real(uri, so))[1])
+
+    def counted_read(uri: str, so: dict[str, str] | None = None) -> Any:
+        reads.append(uri)
+        return real(uri, so)
+
+    monkeypatch.setattr(pk_index, "read_pk_index", counted_read)
     snap = take_snapshot(t)
     for keys in ([1], [2], [3], [1, 3]):
         run(plan_for(t, id_keys(keys), snapshot=snap), ("id",))

@@ -1,4 +1,4 @@
-"""Row takes from fragments (`memwal_df.read.fragments`): the rows asked, in order, whichever reader
+"""Row takes from fragments (`memwal_df.read.lsm.fragments`): the rows asked, in order, whichever reader
 serves them. On Linux a local dataset is read through Lance's io_uring reader; where io_uring is
 refused (here: Lance started with no ring threads, as a process under a seccomp profile that blocks
 io_uring gets), the take still returns the rows and the process uses the default reader from then
@@ -20,12 +20,12 @@ import pyarrow as pa
 import pytest
 from support.children import SOURCE_ROOT
 
-from memwal_df.read import fragments
+from memwal_df.read.lsm import fragments
 
 CHILD = """
 import json, os, sys
 import lance, numpy as np, pyarrow as pa
-from memwal_df.read.fragments import fragment_take, take_addresses
+from memwal_df.read.lsm.fragments import fragment_take, take_addresses
 from test_fragment_takes import holds_io_uring
 
 ds = lance.dataset(sys.argv[1])
@@ -117,7 +117,7 @@ def test_a_take_of_rows_that_are_gone_raises_with_either_reader(tmp_path: Path) 
 FORKING = """
 import json, sys, multiprocessing as mp
 import lance, numpy as np
-from memwal_df.read.fragments import fragment_take
+from memwal_df.read.lsm.fragments import fragment_take
 
 first, second = lance.dataset(sys.argv[1]), lance.dataset(sys.argv[2])
 parent = fragment_take(first, 0, np.array([1, 2]), ["id"]).to_pylist()

@@ -22,7 +22,7 @@ import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
 from memwal_df.format.stop_words import STOP_WORDS
 from memwal_df.format.tokenizer import Tokenizer
-from memwal_df.read.search import plan_fts
+from memwal_df.read.search.planner import plan_fts
 
 QUERIES = ["apple", "kiwi fig", "quince sloe yuzu", "Apple, APPLE pear!", "nothing-here", "date"]
 
@@ -155,7 +155,7 @@ def test_tokenizer_matches_lance_index(tmp_path: Path, base_tokenizer: str) -> N
 
 def test_unsupported_index_settings_and_bad_input_raise(tmp_path: Path) -> None:
     lsm = SearchLsm(str(tmp_path / "t"), list(range(20)))
-    bad_args = [
+    bad_args: list[tuple[Any, ...]] = [
         ("vec", "apple", 5, None),
         ("text", "apple", 0, None),
         ("text", 3, 5, None),

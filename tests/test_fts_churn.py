@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.optional import not_none
 from support.search_oracle import SearchLsm, assert_bm25, bm25, make_rows, terms
 
 import memwal_df as mw
@@ -24,11 +25,11 @@ from memwal_df.format.deletion_files import deleted_offsets
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.tokenizer import Tokenizer
 from memwal_df.jobs.maintain import cleanup_versions
-from memwal_df.read.base_terms import BASE_TERMS, BUILT, base_parts
-from memwal_df.read.fts_terms import KeyPositions
-from memwal_df.read.keys import KeySet
-from memwal_df.read.newer_levels import NewerLevels
-from memwal_df.read.search import plan_fts
+from memwal_df.read.lsm.keys import KeySet
+from memwal_df.read.search.fts.base_terms import BASE_TERMS, BUILT, base_parts
+from memwal_df.read.search.fts.terms import KeyPositions
+from memwal_df.read.search.planner import plan_fts
+from memwal_df.read.search.staleness import NewerLevels
 
 QUERIES = ["apple", "kiwi fig", "quince sloe yuzu", "date plum pear"]
 Row = dict[str, Any]
@@ -177,7 +178,7 @@ def test_a_new_base_version_tokenizes_only_its_new_fragments(tmp_path: Path) -> 
         after = fragment_keys(uri)
         ds = lance.dataset(uri)
         new = [i for i, (files, _) in after.items() if before.get(i, ((), None))[0] != files]
-        rows = sum(ds.get_fragment(i).metadata.physical_rows for i in new)
+        rows = sum(not_none(ds.get_fragment(i)).metadata.physical_rows for i in new)
         changed = [i for i, (_, deletion) in after.items() if deletion and before.get(i) != after[i]]
         assert BUILT.fragments - counts.fragments == len(new), step
         assert BUILT.documents - counts.documents == rows, step

@@ -25,6 +25,7 @@ from support.jobs import (
     progress_history,
     rows_at,
 )
+from support.optional import not_none
 
 from memwal_df.errors import InvalidConfigError
 from memwal_df.format import layout
@@ -101,7 +102,7 @@ def test_gc_removes_orphans_of_failed_flushes_only(tmp_path):
         work.generation(w)
     region = next(r for r in table.region_ids() if flushed_generations(table, r))
     (gen, path), *_ = flushed_generations(table, region)
-    current = RegionManifestStore(table.storage, region).latest().current_generation
+    current = not_none(RegionManifestStore(table.storage, region).latest()).current_generation
     root = Path(table.uri)
     orphan = layout.generation_path(region, layout.generation_dir_name("deadbeef", gen))
     in_flight = layout.generation_path(region, layout.generation_dir_name("feedbeef", current))

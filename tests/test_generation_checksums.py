@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.mem_wal import CompactedSsTable, LsmPointLookupPlanner, LsmScanner, ShardSnapshot
 from support.figures import case_name, record
+from support.optional import not_none
 
 import memwal_df as mw
 from memwal_df import errors
@@ -107,14 +108,14 @@ def _written(
     if generations > 1:
         model.update({k: k + 0.25 for k in GEN2_PUTS})
     every = [*BASE, *GEN1_PUTS, *GEN2_PUTS]
-    values = table.spec.evaluate(_rows(every, 0), table.schema.field_ids)[0].to_pylist()
+    values = not_none(table.spec).evaluate(_rows(every, 0), table.schema.field_ids)[0].to_pylist()
     regions: dict[uuid.UUID, list[int]] = {}
     for k, v in zip(every, values, strict=True):
         regions.setdefault(table.region_id_for((v,)), []).append(k)
     assert len(regions) == 2
-    w = Written(table, model, regions)
-    w.written = {r: w.generation(r, 1) for r in regions}
-    return w
+    written = Written(table, model, regions)
+    written.written = {r: written.generation(r, 1) for r in regions}
+    return written
 
 
 def _ctx(uri: str, options: dict[str, str] | None = None) -> datafusion.SessionContext:
@@ -450,7 +451,7 @@ def test_repair_sets_aside_a_generation_it_cannot_rebuild(
             w.table.storage.delete(wal.path(position))
     else:  # as GC keeps only the newest versions: the one that added generation 1 goes too
         versions = store.list_versions()
-        added = next(v for v in versions if any(s.generation == 1 for s in store.read(v).sstables))
+        added = next(v for v in versions if any(s.generation == 1 for s in not_none(store.read(v)).sstables))
         for v in versions:
             if v <= added:
                 w.table.storage.delete(layout.manifest_path(bad, v))
@@ -531,7 +532,8 @@ def test_a_native_generation_contradicting_its_manifest_entry_is_refused(
         assert rows.num_rows == sst.physical_rows
     else:  # unique keys, fewer rows than listed
         rows = rows.slice(1)
-    lance.write_dataset(rows, uri, mode="overwrite", data_storage_version=ds.data_storage_version)
+    # the lance stub types data_storage_version as the literal names it accepts; the dataset's is a str
+    lance.write_dataset(rows, uri, mode="overwrite", data_storage_version=ds.data_storage_version)  # type: ignore[arg-type]
     before = _base(table)
 
     with pytest.raises(errors.CorruptRegionsError) as raised:

@@ -15,6 +15,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.optional import not_none
 
 import memwal_df as mw
 from memwal_df.cli import Exit, main
@@ -69,7 +70,7 @@ def _vector_table(uri: str) -> mw.Table:
 def _corrupt_manifest(table: mw.Table) -> tuple[str, bytes]:
     """Cut the latest manifest of the first region in half (a torn write): its path and bytes."""
     region = table.region_ids()[0]
-    path = layout.manifest_path(region, table.region_status(region).manifest_version)
+    path = layout.manifest_path(region, not_none(table.region_status(region)).manifest_version)
     data = table.storage.get(path)
     table.storage.put(path, data[: len(data) // 2])
     return path, data

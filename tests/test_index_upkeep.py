@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from support.compacting import INDEXES, Lsm, coverage, fragments, segments
 from support.jobs import assert_catchup_covered
+from support.optional import not_none
 from support.search_oracle import nearest
 
 from memwal_df.errors import InvalidConfigError
@@ -101,7 +102,7 @@ def test_a_vector_index_is_retrained_once_assigned_rows_pass_the_share(tmp_path)
         vec = done["vec_idx"]
         assert not done["id_idx"].retrained and not done["text_idx"].retrained  # scalar: never
         assigned += 60
-        due = assigned > upkeep.retrain_share * trained
+        due = assigned > not_none(upkeep.retrain_share) * trained
         assert vec.retrained == due, (n, assigned, trained)
         record = _record(lsm)["vec_idx"]
         if due:

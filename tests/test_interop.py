@@ -40,6 +40,7 @@ from lance.mem_wal import (
     ShardSnapshot,
     evaluate_sharding_spec,
 )
+from support.optional import not_none
 from support.reference import stored_rows
 
 import memwal_df as mw
@@ -173,7 +174,7 @@ def assert_lance_reads(table: mw.Table, model: Model, probes: Iterable[Any] = ()
 def native_buckets(table: mw.Table, data: pa.Table) -> list[int]:
     """Bucket values as Lance's own `evaluate_sharding_spec` computes them."""
     ds = lance_ds(table)
-    spec = ds.mem_wal_index_details()["sharding_specs"][-1]
+    spec = not_none(ds.mem_wal_index_details())["sharding_specs"][-1]
     batch = pa.RecordBatch.from_pydict({c: data.column(c).combine_chunks() for c in data.column_names})
     return evaluate_sharding_spec(batch, spec, ds.lance_schema).column(0).to_pylist()
 
@@ -308,7 +309,7 @@ def test_lance_reads_our_regions(table: mw.Table) -> None:
     # Lance's own bucket hash puts every row of a generation in the bucket its region stands for;
     # each generation is one fragment (id 0), as `_pk_index` row ids assume.
     for region_id in regions:
-        (bucket,) = table.region_status(region_id).values
+        (bucket,) = not_none(not_none(table.region_status(region_id)).values)
         for sst in latest(table, region_id).sstables:
             data = lance.dataset(
                 generation_uri(table, region_id, sst), storage_options=table.storage_options or None
@@ -439,6 +440,8 @@ def test_generations_keep_the_table_field_ids_after_schema_evolution(tmp_path) -
         ]
     )
 
+    table: mw.Table  # created below; data() reads its schema
+
     def data(ids: list[int], tag: str, junk: bool = False) -> pa.Table:
         cols = {"id": ids, "s": [{"a": i, "b": tag} for i in ids], "v": [float(i) for i in ids]}
         if junk:
@@ -513,7 +516,7 @@ def test_lance_reclaims_our_region_and_we_reclaim_back(table: mw.Table, ours_end
     expect.CopyFrom(ours)
     expect.version, expect.writer_epoch = ours.version + 1, ours.writer_epoch + 1
     assert claim == expect  # everything else copied, our shard_field_entries included
-    sentinel = Wal(table.storage, region_id).read(last + 1)
+    sentinel = not_none(Wal(table.storage, region_id).read(last + 1))
     assert sentinel.is_sentinel and sentinel.writer_epoch == claim.writer_epoch
     assert seen.wal_entry_position_last_seen == last + 1
     assert seen.replay_after_wal_entry_position == ours.replay_after_wal_entry_position
@@ -596,7 +599,10 @@ def test_we_reclaim_lance_region(table: mw.Table, durable: bool, end: str) -> No
     region_id = uuid.uuid4()  # a shard id of the caller's choosing, as native users pick them
     # A durable native put waits for the WAL flusher's next tick: keep the tick short. Buffered writes
     # get a long one so that close() writes them as one entry.
-    kwargs = {"durable_write": durable, "max_wal_flush_interval_ms": 20 if durable else 600_000}
+    kwargs: dict[str, Any] = {
+        "durable_write": durable,
+        "max_wal_flush_interval_ms": 20 if durable else 600_000,
+    }
     native = lance_ds(table).mem_wal_writer(str(region_id), **kwargs)
     first = [
         ("put", rows(range(5, 15), "a")),
@@ -645,7 +651,7 @@ def test_we_reclaim_lance_region(table: mw.Table, durable: bool, end: str) -> No
     rw = table.region_writer(region_id)
     assert rw.epoch == before.writer_epoch + 1
     assert rw.stats()["memtable_rows"] == replayed  # Lance's sentinel skipped, multi-batch entries whole
-    ours_sentinel = Wal(table.storage, region_id).read(wal_end + 1)
+    ours_sentinel = not_none(Wal(table.storage, region_id).read(wal_end + 1))
     assert ours_sentinel.is_sentinel and ours_sentinel.writer_epoch == rw.epoch
     assert latest(table, region_id).wal_entry_position_last_seen == wal_end + 1
     rw.put(rows([7, 31], "z"))
@@ -697,11 +703,34 @@ def test_native_initialized_table_written_by_us(table_uri: str, table_storage_op
     for region_id in regions:
         m = latest(table, region_id)
         assert m.shard_spec_id == 1 and len(m.sstables) >= 2
-        (bucket,) = table.region_status(region_id).values
+        (bucket,) = not_none(not_none(table.region_status(region_id)).values)
         for sst in m.sstables:
             data = lance.dataset(generation_uri(table, region_id, sst), storage_options=table_storage_options)
             assert set(native_buckets(table, data.to_table(columns=["id"]))) == {bucket}
     assert_lance_reads(table, model, [3, 11, 12, 15, 60, 500])
+
+
+def test_lance_reads_a_table_without_spec_written_by_our_table_writer(tmp_path) -> None:
+    """`table.writer()` on a table created without a region spec gives it Lance's `unsharded` spec
+    (one region): Lance's LSM readers read it, and its writer reclaims the region and writes on."""
+    table = mw.create_table(str(tmp_path / "t"), rows(range(5), "base"), "id")
+    model = Model(["id"], rows(range(5), "base"))
+    with table.writer() as w:
+        w.put(rows([1, 7, 8], "a"))
+        w.delete([2])
+        w.flush()
+        w.put(rows([8, 9], "b"))
+    model.put(rows([1, 7, 8], "a"))
+    model.delete(id_keys([2]))
+    model.put(rows([8, 9], "b"))
+    (region_id,) = table.region_ids()
+    assert table.spec is not None and latest(table, region_id).shard_spec_id == table.spec.spec_id
+    assert_lance_reads(table, model, [1, 2, 7, 9, 50])
+    native = lance_ds(table).mem_wal_writer(str(region_id))
+    native.put(rows([50], "native"))
+    native.close()
+    model.put(rows([50], "native"))
+    assert_lance_reads(table, model, [1, 2, 50])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -753,6 +782,7 @@ def test_native_claim_fences_our_writer(table: mw.Table) -> None:
     lance_ds(table).mem_wal_writer(str(region_id)).close()
     with pytest.raises(errors.WriterFencedError) as caught:
         buffered.flush()
+    assert isinstance(caught.value.not_durable, pa.Table)
     assert caught.value.not_durable.to_pylist() == [
         {**r, "_tombstone": False} for r in rows(k[5:7], "late").to_pylist()
     ]
@@ -873,8 +903,8 @@ def test_fence_sentinels_match_native(tmp_path) -> None:
     assert o_batches == n_batches == []
     assert o_meta == {b"fence_sentinel": b"true", b"writer_epoch": b"2"}
     for v in (1, 2, 3):
-        o = RegionManifestStore(table.storage, ours_id).read(v)
-        n = RegionManifestStore(table.storage, native_id).read(v)
+        o = not_none(RegionManifestStore(table.storage, ours_id).read(v))
+        n = not_none(RegionManifestStore(table.storage, native_id).read(v))
         n.shard_id.uuid = ours_id.bytes
         assert o.SerializeToString() == n.SerializeToString()
 

@@ -135,7 +135,7 @@ def test_paths() -> None:
 )
 def test_region_dir_normalizes_uuid_spellings(form: object) -> None:
     # Lance names shard directories with the hyphenated lower-case form.
-    assert layout.region_dir(form) == f"_mem_wal/{REGION}"  # type: ignore[arg-type]
+    assert layout.region_dir(form) == f"_mem_wal/{REGION}"
     assert layout.wal_path(form, 2) == layout.wal_path(REGION, 2)  # type: ignore[arg-type]
 
 

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from support.optional import not_none
 
 from memwal_df.errors import CorruptManifestError
 from memwal_df.format import lease
@@ -80,7 +81,7 @@ def test_processes_exclude_each_other(tmp_path):
     for p in procs:
         p.join(timeout=60)
     assert outcomes == [None] * 3
-    assert lease.current(open_storage(uri), DIR).epoch == 15
+    assert not_none(lease.current(open_storage(uri), DIR)).epoch == 15
 
 
 def test_an_expired_lease_is_taken_over_and_its_holder_loses_the_renewal(storage):
@@ -103,7 +104,7 @@ def test_the_same_holder_takes_its_active_lease_over_at_once(storage):
     assert lease.try_acquire(storage, DIR, "job:4", LONG) is None
     again = lease.acquire(storage, DIR, "job:3", LONG)  # a retried attempt: no wait
     assert again.epoch == first.epoch + 1
-    assert lease.try_acquire(storage, DIR, "job:3", LONG).epoch == again.epoch + 1
+    assert not_none(lease.try_acquire(storage, DIR, "job:3", LONG)).epoch == again.epoch + 1
     assert lease.renew(storage, DIR, first, LONG) is None  # the old attempt lost it
 
 

@@ -26,6 +26,7 @@ from support.cases import backend, cases
 from support.children import op_rows, peak_rss_mb, read_log, spawn, wait_ready
 from support.figures import case_name, record
 from support.jobs import Workload, assert_monotonic, create, every_version_reads, finish, progress_history
+from support.optional import not_none
 from support.reference import stored_rows
 from support.wal_oracle import apply_rows, durable_rows
 
@@ -42,7 +43,7 @@ GUARANTEE = "under load every read is fresh and memory is bounded"
 
 def keys_by_region(table: mw.Table) -> dict[Any, list[int]]:
     keys = pa.table({"id": pa.array(range(KEYS), pa.int64())})
-    regions = table.spec.evaluate(keys, table.schema.field_ids)[0].to_pylist()
+    regions = not_none(table.spec).evaluate(keys, table.schema.field_ids)[0].to_pylist()
     out: dict[Any, list[int]] = {}
     for k, r in zip(range(KEYS), regions, strict=True):
         out.setdefault(r, []).append(k)

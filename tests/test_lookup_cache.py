@@ -3,14 +3,14 @@
 
 A kept value must never hide a newer state: every SQL answer is compared with `reference.stored_rows`
 of a separate table object (the dict model of what is durable) right after flushes, deletes, merges
-and garbage collection, with the copies loaded (`generation_rows.wait_for_loads`) before each check.
+and garbage collection, with the copies loaded (`generation_copies.wait_for_loads`) before each check.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.jobs import cleanup, gc_merged, merge_all
+from support.optional import not_none
 from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.format import base_manifest, pk_index
-from memwal_df.read import generation_rows
-from memwal_df.read.cache import GENERATIONS, ImmutableCache
-from memwal_df.read.exec.take_last import TakeLastExec
-from memwal_df.read.levels import GenerationLevel
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lookup import generation_copies
+from memwal_df.read.lookup.take_last import TakeLastExec
+from memwal_df.read.lsm.cache import GENERATIONS, ImmutableCache
+from memwal_df.read.lsm.levels import GenerationLevel
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("x", pa.float64())])
 N_BASE = 60
@@ -81,7 +82,7 @@ class Reader:
         model = stored_rows(mw.open_table(self.uri, self.options))
         want = {k: model[k]["v"] for k in keys if k in model}
         assert self.lookup(keys) == want
-        generation_rows.wait_for_loads()
+        generation_copies.wait_for_loads()
         assert self.lookup(keys) == want
         return want
 
@@ -113,7 +114,7 @@ def test_generation_rows_come_from_memory_once_loaded(
     for level in (newest, oldest):
         first = TakeLastExec(level, keys, ["v", "x"], ["id"])
         read = first.to_table()
-        generation_rows.wait_for_loads()
+        generation_copies.wait_for_loads()
         again = TakeLastExec(level, keys, ["v", "x"], ["id"])
         assert again.to_table() == read  # same rows, columns and types, tombstones included
         assert (first.method, again.method) == ("_pk_index", "_pk_index, in-memory rows")
@@ -162,7 +163,7 @@ def test_lookups_see_every_change_with_copies_loaded(
 
 
 _ids = st.lists(st.integers(0, 30), min_size=1, max_size=6)
-_op = st.one_of(
+_op: st.SearchStrategy[tuple[str, list[int]]] = st.one_of(
     st.tuples(st.just("put"), _ids),
     st.tuples(st.just("delete"), _ids),
     st.tuples(st.just("flush"), st.just([])),
@@ -214,22 +215,22 @@ def test_copy_is_kept_only_when_it_matches_the_index_and_fits(tmp_path: Path, ca
     assert ds is not None
     values, ids = pk_index.read_pk_index(level.uri)
     # An index that does not describe these rows: no copy, and none tried again.
-    generation_rows.load(level, ds, values, ids[::-1].copy(), ["id"])
-    assert generation_rows.cached_rows(level, ds, values, ids, ["id"]) is None
+    generation_copies.load(level, ds, values, ids[::-1].copy(), ["id"])
+    assert generation_copies.cached_rows(level, ds, values, ids, ["id"]) is None
     node = TakeLastExec(level, id_keys([105]), ["v"], ["id"])
     assert node.to_table().column("v").to_pylist() == ["g1-105"] and node.method == "_pk_index"
     # A generation larger than its share of the bound (on disk or in memory) is not copied.
     GENERATIONS.forget(level.uri)
-    on_disk = sum(f.file_size_bytes for f in ds.get_fragments()[0].data_files())
+    on_disk = sum(not_none(f.file_size_bytes) for f in ds.get_fragments()[0].data_files())
     size = max(ds.to_table().nbytes, on_disk)
-    GENERATIONS.configure(max_bytes=size * generation_rows.MAX_SHARE - 1)
-    generation_rows.load(level, ds, values, ids, ["id"])
-    assert generation_rows.cached_rows(level, ds, values, ids, ["id"]) is None
+    GENERATIONS.configure(max_bytes=size * generation_copies.MAX_SHARE - 1)
+    generation_copies.load(level, ds, values, ids, ["id"])
+    assert generation_copies.cached_rows(level, ds, values, ids, ["id"]) is None
     # Within the share: kept, at its Arrow size.
     GENERATIONS.forget(level.uri)
-    GENERATIONS.configure(max_bytes=size * generation_rows.MAX_SHARE)
-    generation_rows.load(level, ds, values, ids, ["id"])
-    copy = generation_rows.cached_rows(level, ds, values, ids, ["id"])
+    GENERATIONS.configure(max_bytes=size * generation_copies.MAX_SHARE)
+    generation_copies.load(level, ds, values, ids, ["id"])
+    copy = generation_copies.cached_rows(level, ds, values, ids, ["id"])
     assert copy is not None and copy.equals(ds.to_table())
     assert GENERATIONS.nbytes >= copy.nbytes
 
@@ -244,7 +245,7 @@ def test_native_generation_with_a_deletion_vector_is_not_copied(tmp_path: Path) 
     for _ in range(2):
         node = TakeLastExec(level, id_keys([1, 2]), ["v"], ["id"])
         assert sorted(node.to_table().column("v").to_pylist()) == ["n11", "n22"]
-        generation_rows.wait_for_loads()
+        generation_copies.wait_for_loads()
         assert node.method == "_pk_index"
     assert GENERATIONS.peek(level.uri, "rows") is None  # never even tried
 
@@ -298,11 +299,16 @@ def test_base_freshness_is_lances_latest_version_resolution(
     t = mw.create_table(uri, rows(range(N_BASE), "b"), "id", mw.unsharded())
     reader = mw.open_table(uri)
     calls: list[str] = []
+
+    def counted(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **k: Any) -> Any:
+            calls.append(name)
+            return real(*a, **k)
+
+        return call
+
     for name in ("head", "get", "list", "list_dir"):
-        real = getattr(reader.storage, name)
-        monkeypatch.setattr(
-            reader.storage, name, lambda *a, _n=name, _f=real, **k: (calls.append(_n), _f(*a, **k))[1]
-        )
+        monkeypatch.setattr(reader.storage, name, counted(name, getattr(reader.storage, name)))
     version = reader.dataset.version
     reader.sync()
     assert calls == [] and reader.dataset.version == version

@@ -18,14 +18,16 @@ import lance
 import pyarrow as pa
 import pytest
 from support.jobs import gc_merged, merge_all
+from support.optional import not_none
 from support.reference import stored_rows
 
 import memwal_df as mw
 from memwal_df.errors import RegionRoutingError
 from memwal_df.format.manifest import RegionManifestStore
-from memwal_df.read import snapshot as snapshot_module
-from memwal_df.read.lookup_planner import plan_point_lookup
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lookup.planner import plan_point_lookup
+from memwal_df.read.lsm import snapshot as snapshot_module
+from memwal_df.read.lsm.levels import GenerationLevel
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 N_BASE = 200
@@ -37,7 +39,9 @@ def rows(ids: list[int], tag: str) -> pa.Table:
 
 def by_bucket(t: mw.Table, ids: range) -> dict[int, list[int]]:
     """Keys per bucket value of the table's spec."""
-    (values,) = t.spec.evaluate(pa.table({"id": pa.array(list(ids), pa.int64())}), t.schema.field_ids)
+    (values,) = not_none(t.spec).evaluate(
+        pa.table({"id": pa.array(list(ids), pa.int64())}), t.schema.field_ids
+    )
     out: dict[int, list[int]] = {}
     for k, b in zip(ids, values.to_pylist(), strict=True):
         out.setdefault(b, []).append(k)
@@ -193,7 +197,10 @@ def test_region_manifest_reread_only_when_a_newer_version_exists(
     monkeypatch.setattr(RegionManifestStore, "latest", counted)
 
     def generations(table: mw.Table) -> list[tuple[int, str | None]]:
-        return [(lv.generation, lv.path) for lv in take_snapshot(table).levels]
+        levels = take_snapshot(table).levels
+        flushed = [lv for lv in levels if isinstance(lv, GenerationLevel)]
+        assert len(flushed) == len(levels)
+        return [(lv.generation, lv.path) for lv in flushed]
 
     w = t.writer()
     try:

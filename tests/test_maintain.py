@@ -59,7 +59,15 @@ def test_rounds_merge_build_catch_up_and_collect(tmp_path):
     rounds = table.maintain(interval=0, max_rounds=2, grace=ZERO)
     assert [r.number for r in rounds] == [1, 2] and all(not r.errors for r in rounds)
     first = rounds[0].results
-    assert set(first) == {"merge", "build_index", "catch_up_indexes", "compact", "cleanup_versions", "gc"}
+    assert set(first) == {
+        "recover",
+        "merge",
+        "build_index",
+        "catch_up_indexes",
+        "compact",
+        "cleanup_versions",
+        "gc",
+    }
     assert first["cleanup_versions"].old_versions == 0  # the default retention is a day
     assert first["merge"].generations and first["build_index"].regions == 2
     merged = _merged(table)
@@ -254,7 +262,7 @@ def test_appendix_2_and_gc_as_processes_racing_a_writer_and_a_reader(backend, tm
     procs.append(ctx.Process(target=_collect_process, args=(table.uri, options, seconds, removed)))
     for p in procs:
         p.start()
-    seen = []
+    seen: list[dict] = []
     try:
         with table.writer() as w:
             while any(p.is_alive() for p in procs) and len(seen) < 12:

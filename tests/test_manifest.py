@@ -11,6 +11,7 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
+from support.optional import not_none
 
 from memwal_df.errors import CorruptManifestError
 from memwal_df.format import layout
@@ -275,7 +276,7 @@ def test_latest_with_hint_missing(storage: Storage, region: uuid.UUID) -> None:
     storage.delete(layout.version_hint_path(region))
     for scan_batch in SCAN_BATCHES:
         store = RegionManifestStore(storage, region, scan_batch)
-        assert store.latest_version() == 7 and store.latest().version == 7
+        assert store.latest_version() == 7 and not_none(store.latest()).version == 7
 
 
 def test_latest_with_stale_hint(storage: Storage, region: uuid.UUID) -> None:
@@ -284,7 +285,7 @@ def test_latest_with_stale_hint(storage: Storage, region: uuid.UUID) -> None:
         storage.put(layout.version_hint_path(region), f'{{"version":{stale}}}'.encode())
         for scan_batch in SCAN_BATCHES:
             store = RegionManifestStore(storage, region, scan_batch)
-            assert store.latest_version() == 20 and store.latest().version == 20
+            assert store.latest_version() == 20 and not_none(store.latest()).version == 20
 
 
 def test_latest_with_hint_ahead_of_reality(storage: Storage, region: uuid.UUID) -> None:
@@ -293,7 +294,7 @@ def test_latest_with_hint_ahead_of_reality(storage: Storage, region: uuid.UUID) 
         storage.put(layout.version_hint_path(region), f'{{"version":{ahead}}}'.encode())
         for scan_batch in SCAN_BATCHES:
             store = RegionManifestStore(storage, region, scan_batch)
-            assert store.latest_version() == 6 and store.latest().version == 6
+            assert store.latest_version() == 6 and not_none(store.latest()).version == 6
 
 
 CORRUPT_HINTS = [
@@ -322,10 +323,10 @@ def test_latest_with_corrupt_hint(storage: Storage, region: uuid.UUID) -> None:
         storage.put(layout.version_hint_path(region), hint)
         store = RegionManifestStore(storage, region, SCAN_BATCHES[i % len(SCAN_BATCHES)])
         assert store.latest_version() == 4, hint
-        assert store.latest().version == 4, hint
+        assert not_none(store.latest()).version == 4, hint
     # a commit repairs the hint
     store = RegionManifestStore(storage, region)
-    assert store.commit(next_version(store.latest()))
+    assert store.commit(next_version(not_none(store.latest())))
     assert hint_bytes(storage, region) == b'{"version":5}'
 
 
@@ -354,11 +355,11 @@ def test_latest_with_old_versions_deleted(storage: Storage, region: uuid.UUID) -
             store = RegionManifestStore(storage, region, scan_batch)
             assert store.list_versions() == [8, 9, 10, 11, 12]
             assert store.latest_version() == 12, (name, scan_batch)
-            assert store.latest().version == 12, (name, scan_batch)
+            assert not_none(store.latest()).version == 12, (name, scan_batch)
     # and committing on top of it works
     storage.delete(hint_path)
     store = RegionManifestStore(storage, region)
-    assert store.commit(next_version(store.latest()))
+    assert store.commit(next_version(not_none(store.latest())))
     assert RegionManifestStore(storage, region, 1).latest_version() == 13
 
 
@@ -531,7 +532,10 @@ def test_manifest_bytes_equal_native(table_uri: str, table_storage_options: dict
             m.replay_after_wal_entry_position = cur.replay_after_wal_entry_position
             m.wal_entry_position_last_seen = cur.wal_entry_position_last_seen
             assert cur.sstables[-1].generation == prev.current_generation
-            assert layout.parse_generation_dir_name(cur.sstables[-1].path)[1] == prev.current_generation
+            assert (
+                not_none(layout.parse_generation_dir_name(cur.sstables[-1].path))[1]
+                == prev.current_generation
+            )
             kinds.append("flush")
         else:
             m.wal_entry_position_last_seen = cur.wal_entry_position_last_seen  # after the sentinel
@@ -549,7 +553,7 @@ def test_native_writer_reads_our_commits(
     shard = native_region(table_uri, opts)
     storage = open_storage(table_uri, opts)
     store = RegionManifestStore(storage, shard)
-    latest = store.latest()
+    latest = not_none(store.latest())
     for _ in range(3):
         m = next_version(latest)
         m.writer_epoch = latest.writer_epoch + 1
@@ -559,7 +563,7 @@ def test_native_writer_reads_our_commits(
     storage.delete(layout.version_hint_path(shard))  # native must probe from 1 to find ours
     w = lance.dataset(table_uri, storage_options=opts).mem_wal_writer(str(shard))
     w.close()
-    final = store.latest()
+    final = not_none(store.latest())
     assert final.version > ours and final.writer_epoch == latest.writer_epoch + 1
     assert list(final.sstables)[: len(latest.sstables)] == list(latest.sstables)
     # native rewrote the hint in the same compact form

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.optional import not_none
 
 from memwal_df.errors import MissingGenerationError
 from memwal_df.format import layout
@@ -287,7 +288,7 @@ def test_flush_writes_newest_rows(table_uri: str, table_storage_options: dict[st
     mt.append(k.batch([k.row(("a", 1), 1, False), k.row(("b", 1), 2, False), k.row(("a", 2), 3, False)]))
     mt.append(k.batch([k.row(("a", 1), None, True), k.row(("b", 1), 4, False)]))
     sst = write_generation(storage, region, mt, "2.0")
-    prefix, gen = layout.parse_generation_dir_name(sst.path)
+    prefix, gen = not_none(layout.parse_generation_dir_name(sst.path))
     assert gen == 3 and sst.generation == 3 and len(prefix) == 8
     assert sst.physical_rows == 3 and sst.in_memory_bytes == mt.nbytes
     assert sst.primary_key_bytes == primary_key_bytes(mt.newest(), k.pk)
@@ -404,7 +405,7 @@ def test_key_directory_compares_keys_as_arrow_hashing_does(key_type: pa.DataType
     """Keys the directory finds equal are the keys the MemTable's newest rows count as one (Arrow's
     hashing): for floats 0.0 and -0.0 are two keys, as are NaNs of other bits."""
     if pa.types.is_floating(key_type):
-        keys = [0.0, -0.0, float("nan"), 1.5, -float("nan"), 0.0, float("nan")]
+        keys: list[Any] = [0.0, -0.0, float("nan"), 1.5, -float("nan"), 0.0, float("nan")]
     elif pa.types.is_large_string(key_type):
         keys = ["a", "", "a\x00", "", "b", "a"]
     else:

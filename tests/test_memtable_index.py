@@ -32,10 +32,11 @@ from memwal_df.format.maintained_indexes import (
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.tokenizer import Tokenizer
-from memwal_df.read.fts_terms import PairTerms, TermIndex
-from memwal_df.read.levels import GenerationLevel
-from memwal_df.read.search import plan_fts, plan_vector_search
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lsm.levels import GenerationLevel
+from memwal_df.read.lsm.snapshot import take_snapshot
+from memwal_df.read.search.fts.global_bm25 import GlobalBM25Exec
+from memwal_df.read.search.fts.terms import PairTerms, TermIndex
+from memwal_df.read.search.planner import plan_fts, plan_vector_search
 from memwal_df.write.memtable import MemTable
 
 RNG = np.random.default_rng(11)
@@ -231,6 +232,7 @@ def test_flush_writes_maintained_indexes_lance_opens(tmp_path: Path, metric: str
     levels = snapshot.levels
     assert levels and all(isinstance(lv, GenerationLevel) for lv in levels)
     for level in levels:
+        assert isinstance(level, GenerationLevel)
         ds = level.dataset()
         assert ds is not None
         described = {i.name: i for i in ds.describe_indices()}
@@ -278,6 +280,7 @@ def test_generation_without_live_vectors_has_no_vector_index(tmp_path: Path) -> 
     lsm.delete([1, 2, 3])  # tombstones only: NULL vectors
     lsm.flush()
     (level, *_) = take_snapshot(lsm.table).levels
+    assert isinstance(level, GenerationLevel)
     ds = level.dataset()
     assert ds is not None
     assert sorted(i.name for i in ds.describe_indices()) == ["category_idx", "text_idx"]
@@ -333,6 +336,7 @@ def test_search_over_indexed_levels(tmp_path: Path, indexed_write: bool) -> None
     assert "LanceKnnExec: generation" in explain and "BruteForceKnnExec: memtable" in explain
     plan = plan_fts(lsm.reader(), "text", "kiwi", 10)
     plan.to_table()
+    assert isinstance(plan, GlobalBM25Exec)
     memtable_arms = [a for a in plan.bm25_arms if a.label.startswith("memtable")]
     assert memtable_arms and all(isinstance(a.parts[0].index, PairTerms) for a in memtable_arms)
     lsm.close()
@@ -372,8 +376,10 @@ def test_maintained_indexes_on_both_backends(table_uri: str, table_storage_optio
         w.put(make_rows(list(range(650, 720)), 6))
         reader = mw.MemWalTable(table_uri, storage_options=table_storage_options, writer=w)
         for level in take_snapshot(t).levels:
-            ds = level.dataset()
-            assert ds is not None and sorted(i.name for i in ds.describe_indices()) == ["text_idx", "vec_idx"]
+            assert isinstance(level, GenerationLevel)
+            level_ds = level.dataset()
+            assert level_ds is not None
+            assert sorted(i.name for i in level_ds.describe_indices()) == ["text_idx", "vec_idx"]
             centroids, _ = base_index_tensors(open_storage(level.uri, table_storage_options), None, "vec_idx")
             np.testing.assert_array_equal(centroids, base_centroids)
         truth = stored_rows(t, [mt for rw in w.writers.values() for mt in rw.memtables])

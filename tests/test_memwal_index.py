@@ -71,15 +71,24 @@ def rows(ids: list[int]) -> pa.Table:
     )
 
 
-def make_table(path: Path, **kwargs: object) -> str:
+def make_table(path: Path, **kwargs: Any) -> str:
     uri = str(path)
     lance.write_dataset(rows([1, 2, 3]), uri, **kwargs)
     return uri
 
 
-def native(uri: str, **kwargs: object) -> tuple[pb.MemWalIndexDetails, pb.IndexMetadata]:
+def native(uri: str, **kwargs: Any) -> tuple[pb.MemWalIndexDetails, pb.IndexMetadata]:
     lance.dataset(uri).initialize_mem_wal(**kwargs)
-    got = mi.read_details(uri)
+    got = stored_details(uri)
+    assert got is not None
+    return got
+
+
+def stored_details(
+    uri: str, storage_options: dict[str, str] | None = None, version: int | None = None
+) -> tuple[pb.MemWalIndexDetails, pb.IndexMetadata]:
+    """mi.read_details of a table that has a MemWAL index."""
+    got = mi.read_details(uri, storage_options, version=version)
     assert got is not None
     return got
 
@@ -193,6 +202,7 @@ def test_parse_native_initialize(tmp_path: Path, kwargs: dict, num_shards: int, 
     assert mi.encode_details(details) == meta.index_details.value
     # and agrees with pylance's own (partial) view
     view = lance.dataset(uri).mem_wal_index_details()
+    assert view is not None
     assert view["num_shards"] == details.num_shards
     assert view["maintain_all_indexes"] == details.maintain_all_indexes
     assert len(view["sharding_specs"]) == len(details.sharding_specs)
@@ -261,7 +271,7 @@ def test_compacted_sstables_after_native_merge(tmp_path: Path) -> None:
         .mark_sstables_as_compacted([CompactedSsTable(str(shard), 3)])
         .execute(rows([3, 4]))
     )
-    details, meta = mi.read_details(uri)
+    details, meta = stored_details(uri)
     assert mi.merged_generations(details) == {shard: 3}
     (c,) = details.compacted_sstables
     assert uid(c.shard_id) == shard and c.generation == 3
@@ -269,7 +279,7 @@ def test_compacted_sstables_after_native_merge(tmp_path: Path) -> None:
     assert meta.dataset_version == lance.dataset(uri).version == 3
     assert mi.encode_details(details) == meta.index_details.value
     # the previous version still holds the old details
-    old, _ = mi.read_details(uri, version=2)
+    old, _ = stored_details(uri, version=2)
     assert not old.compacted_sstables
 
 
@@ -286,7 +296,7 @@ def test_index_catchup_after_create_scalar_index(tmp_path: Path) -> None:
         .execute(rows([5]))
     )
     lance.dataset(uri).create_scalar_index("id", "BTREE", name="id_idx")
-    details, meta = mi.read_details(uri)
+    details, meta = stored_details(uri)
     assert mi.index_catchup(details) == {"id_idx": {shard: 2}}
     assert mi.merged_generations(details) == {shard: 2}
     assert mi.encode_details(details) == meta.index_details.value
@@ -345,7 +355,7 @@ def test_v1_manifest_naming(tmp_path: Path) -> None:
     native(uri, bucket_column="id", num_buckets=2)
     storage = open_storage(uri)
     assert bm.latest_version(storage) == 2
-    details, _ = mi.read_details(uri)
+    details, _ = stored_details(uri)
     assert details.num_shards == 2
     assert mi.read_details(uri, version=1) is None
 
@@ -393,7 +403,7 @@ def bucket_spec(n: int, source: int = 0) -> pb.ShardingSpec:
     )
 
 
-NATIVE_CASES = {
+NATIVE_CASES: dict[str, tuple[pb.MemWalIndexDetails, dict[str, Any]]] = {
     "bucket4": (
         pb.MemWalIndexDetails(num_shards=4, sharding_specs=[bucket_spec(4)], maintain_all_indexes=True),
         {"bucket_column": "id", "num_buckets": 4},
@@ -453,7 +463,7 @@ def test_initialize_native_expressible(tmp_path: Path, case: str) -> None:
     ours = make_table(tmp_path / "ours")
     twin = make_table(tmp_path / "twin")
     mi.initialize(ours, details)
-    got, meta = mi.read_details(ours)
+    got, meta = stored_details(ours)
     assert got == details
     # went through native: no fragment bitmap, and the same entry as native's own call
     assert meta.fragment_bitmap == b""
@@ -511,7 +521,7 @@ def test_initialize_non_native_roundtrip(tmp_path: Path, make: Callable[[], pb.M
         lance.dataset(uri).create_scalar_index("id", "BTREE", name="id_idx")
     read_version = lance.dataset(uri).version
     mi.initialize(uri, details)
-    got, meta = mi.read_details(uri)
+    got, meta = stored_details(uri)
     assert got == details
     assert meta.index_details.value == mi.encode_details(details)
     assert meta.index_details.type_url == mi.DETAILS_TYPE_URL
@@ -524,6 +534,7 @@ def test_initialize_non_native_roundtrip(tmp_path: Path, make: Callable[[], pb.M
     # native pylance still accepts the table
     ds = lance.dataset(uri)
     view = ds.mem_wal_index_details()
+    assert view is not None
     assert (
         view["sharding_specs"][0]["fields"][0]["transform"] == details.sharding_specs[0].fields[0].transform
     )
@@ -542,7 +553,7 @@ def test_initialize_non_native_roundtrip(tmp_path: Path, make: Callable[[], pb.M
         .mark_sstables_as_compacted([CompactedSsTable(str(shard), 1)])
         .execute(rows([40, 41]))
     )
-    after, meta2 = mi.read_details(uri)
+    after, meta2 = stored_details(uri)
     assert mi.merged_generations(after) == {shard: 1}
     after.ClearField("compacted_sstables")
     assert after == details
@@ -595,19 +606,20 @@ def test_replace_details(tmp_path: Path) -> None:
     native(uri, unsharded=True)  # v3
     shard = uuid.uuid4()
     _merge(uri, shard, 3)  # v4
-    details, meta = mi.read_details(uri)
+    details, meta = stored_details(uri)
     progress = details.index_catchup.add(index_name="id_idx")
     progress.caught_up_generations.add(shard_id=pb.UUID(uuid=shard.bytes), generation=2)
     details.snapshot_ts_millis = 1234
     version = mi.replace_details(uri, details, 4)  # v5: the entry lease's fence
     assert version == 6 == lance.dataset(uri).version
-    got, meta2 = mi.read_details(uri)
+    got, meta2 = stored_details(uri)
     assert got == details
     assert mi.index_catchup(got) == {"id_idx": {shard: 2}}
     assert meta2.uuid != meta.uuid and meta2.dataset_version == 6
     assert meta2.index_details.value == mi.encode_details(details)
     assert meta2.fragment_bitmap == bytes.fromhex("3a30000000000000")
-    assert lance.dataset(uri).mem_wal_index_details()["num_shards"] == 1
+    view = lance.dataset(uri).mem_wal_index_details()
+    assert view is not None and view["num_shards"] == 1
 
 
 def test_lance_normalises_index_catchup_on_commit(tmp_path: Path) -> None:
@@ -618,13 +630,13 @@ def test_lance_normalises_index_catchup_on_commit(tmp_path: Path) -> None:
     native(uri, unsharded=True)
     a, b = uuid.uuid4(), uuid.uuid4()
     _merge(uri, a, 3)
-    details, _ = mi.read_details(uri)
+    details, _ = stored_details(uri)
     for name, gens in {"id_idx": {a: 5, b: 1}, "gone_idx": {a: 1}}.items():
         progress = details.index_catchup.add(index_name=name)
         for shard, gen in gens.items():
             progress.caught_up_generations.add(shard_id=pb.UUID(uuid=shard.bytes), generation=gen)
     mi.replace_details(uri, details, lance.dataset(uri).version)
-    assert mi.index_catchup(mi.read_details(uri)[0]) == {"id_idx": {a: 3}}
+    assert mi.index_catchup(stored_details(uri)[0]) == {"id_idx": {a: 3}}
 
 
 def test_replace_details_merges_concurrent_merge_progress(tmp_path: Path) -> None:
@@ -637,11 +649,11 @@ def test_replace_details_merges_concurrent_merge_progress(tmp_path: Path) -> Non
     details.compacted_sstables.add(shard_id=pb.UUID(uuid=b.bytes), generation=1)
     version = mi.replace_details(uri, details, 2)
     assert version == 5  # after the fence (v4)
-    got, _ = mi.read_details(uri)
+    got, _ = stored_details(uri)
     assert got.snapshot_ts_millis == 99
     assert mi.merged_generations(got) == {a: 5, b: 1}
     _merge(uri, a, 6)  # native merges keep working on top
-    assert mi.merged_generations(mi.read_details(uri)[0]) == {a: 6, b: 1}
+    assert mi.merged_generations(stored_details(uri)[0]) == {a: 6, b: 1}
 
 
 def test_replace_details_conflicts(tmp_path: Path) -> None:
@@ -662,7 +674,7 @@ def test_replace_details_conflicts(tmp_path: Path) -> None:
     third.maintained_indexes.append("i")
     third.maintain_all_indexes = False
     assert mi.replace_details(uri, third, 2) == 7  # the conflicting call's fence took v5
-    got, _ = mi.read_details(uri)
+    got, _ = stored_details(uri)
     assert got.snapshot_ts_millis == 1 and list(got.maintained_indexes) == ["i"]
     with pytest.raises(TableNotFoundError):
         mi.replace_details(uri, details, 1)  # version 1 has no MemWAL index
@@ -678,7 +690,7 @@ def test_replace_details_repairs_a_rebased_commit(tmp_path: Path, monkeypatch: p
     real_commit = lance.LanceDataset.commit
     calls: list[tuple[str, object]] = []
 
-    def racing_commit(*args: object, **kwargs: object) -> lance.LanceDataset:
+    def racing_commit(*args: Any, **kwargs: Any) -> lance.LanceDataset:
         kind = type(args[1]).__name__
         calls.append((kind, kwargs.get("read_version")))
         if kind == "CreateIndex" and len(calls) == 2:
@@ -691,11 +703,11 @@ def test_replace_details_repairs_a_rebased_commit(tmp_path: Path, monkeypatch: p
     # the fence (v3), the rebased commit (v5), then the repair on top of it
     assert calls == [("Merge", 2), ("CreateIndex", 3), ("CreateIndex", 5)]
     assert version == 6
-    got, meta = mi.read_details(uri)
+    got, meta = stored_details(uri)
     assert got.snapshot_ts_millis == 5
     assert mi.merged_generations(got) == {shard: 7}
     assert meta.dataset_version == 6
-    assert not mi.merged_generations(mi.read_details(uri, version=5)[0])  # the window a reader could see
+    assert not mi.merged_generations(stored_details(uri, version=5)[0])  # the window a reader could see
 
 
 def test_replace_details_keeps_concurrent_index_catchup(tmp_path: Path) -> None:
@@ -706,7 +718,7 @@ def test_replace_details_keeps_concurrent_index_catchup(tmp_path: Path) -> None:
     lance.dataset(uri).create_scalar_index("id", "BTREE", name="id_idx")  # v4, derives index_catchup
     details.snapshot_ts_millis = 7
     mi.replace_details(uri, details, 2)
-    got, _ = mi.read_details(uri)
+    got, _ = stored_details(uri)
     assert mi.index_catchup(got) == {"id_idx": {shard: 1}}
     assert mi.merged_generations(got) == {shard: 1}
 
@@ -826,7 +838,7 @@ def test_initialize_falls_back_when_pylance_cannot_convert(tmp_path: Path) -> No
     details.writer_config_defaults["hnsw.v.num_edges"] = str(1 << 40)
     uri = make_table(tmp_path / "t")
     mi.initialize(uri, details)
-    got, meta = mi.read_details(uri)
+    got, meta = stored_details(uri)
     assert got == details
     assert meta.fragment_bitmap == bytes.fromhex("3a30000000000000")  # the CreateIndex path
     assert lance.dataset(uri).version == 2
@@ -838,7 +850,7 @@ def test_both_backends(table_uri: str, table_storage_options: dict[str, str] | N
     lance.write_dataset(rows([1, 2, 3]), table_uri, storage_options=opts)
     assert mi.read_details(table_uri, opts) is None
     lance.dataset(table_uri, storage_options=opts).initialize_mem_wal(bucket_column="id", num_buckets=4)
-    details, meta = mi.read_details(table_uri, opts)
+    details, meta = stored_details(table_uri, opts)
     assert details.num_shards == 4 and mi.encode_details(details) == meta.index_details.value
     shard = uuid.uuid4()
     (
@@ -849,18 +861,18 @@ def test_both_backends(table_uri: str, table_storage_options: dict[str, str] | N
         .mark_sstables_as_compacted([CompactedSsTable(str(shard), 2)])
         .execute(rows([4]))
     )
-    details, _ = mi.read_details(table_uri, opts)
+    details, _ = stored_details(table_uri, opts)
     assert mi.merged_generations(details) == {shard: 2}
     assert bm.latest_version(open_storage(table_uri, opts)) == 3
     details.snapshot_ts_millis = 42
     assert mi.replace_details(table_uri, details, 3, opts) == 5  # v4: the entry lease's fence
-    assert mi.read_details(table_uri, opts)[0] == details
-    assert mi.read_details(table_uri, opts, version=2)[0].num_shards == 4
+    assert stored_details(table_uri, opts)[0] == details
+    assert stored_details(table_uri, opts, version=2)[0].num_shards == 4
 
     other = f"{table_uri}-truncate"
     lance.write_dataset(rows([1]), other, storage_options=opts)
     mi.initialize(other, _truncate_spec(), opts)
-    assert mi.read_details(other, opts)[0] == _truncate_spec()
+    assert stored_details(other, opts)[0] == _truncate_spec()
     assert lance.dataset(other, storage_options=opts).mem_wal_index_details() is not None
 
 
@@ -871,11 +883,11 @@ def test_replace_details_region_removal_merges(tmp_path: Path) -> None:
     _merge(uri, a, 3)
     _merge(uri, c, 1)
     read_version = lance.dataset(uri).version
-    details, _ = mi.read_details(uri)
+    details, _ = stored_details(uri)
     kept = [x for x in details.compacted_sstables if uid(x.shard_id) not in (a, c)]
     del details.compacted_sstables[:]
     details.compacted_sstables.extend(kept)  # we drop regions a and c
     _merge(uri, b, 2)  # concurrently: a new region ...
     _merge(uri, c, 4)  # ... and c moves on
     mi.replace_details(uri, details, read_version)
-    assert mi.merged_generations(mi.read_details(uri)[0]) == {b: 2, c: 4}
+    assert mi.merged_generations(stored_details(uri)[0]) == {b: 2, c: 4}

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from support.children import SOURCE_ROOT
 from support.lance_made import lance_made_table
+from support.optional import not_none
 
 import memwal_df as mw
 from memwal_df import errors
@@ -41,7 +42,9 @@ SCHEMA = pa.schema(
     ]
 )
 VALUES = ("a", "b", "ver", "vec")
-BASE = [{"id": k, "a": f"base{k}", "b": k, "ver": 1, "vec": [float(k), 0.0]} for k in range(0, 10, 2)]
+BASE: list[dict[str, Any]] = [
+    {"id": k, "a": f"base{k}", "b": k, "ver": 1, "vec": [float(k), 0.0]} for k in range(0, 10, 2)
+]
 NEVER = -(2**40)  # a version no row has
 
 
@@ -121,7 +124,7 @@ def test_deleted_key_is_absent_and_repeated_keys_apply_in_order(tmp_path: Any) -
     with table.writer() as w:
         w.delete([4])
         model.pop(4)
-        rows = [{"id": 4, "b": 1}, {"id": 4, "a": "x"}]
+        rows: list[dict[str, Any]] = [{"id": 4, "b": 1}, {"id": 4, "a": "x"}]
         for row in rows:  # one table carries one set of columns: two puts, then one with both keys twice
             w.put(as_table([row], list(row)), partial=True)
         apply_model(model, rows)
@@ -149,14 +152,14 @@ def test_if_match_null_matches_null_and_region_writer(tmp_path: Any) -> None:
     table = new_table(tmp_path)
     with table.writer() as w:
         w.put(as_table([{"id": 3, "b": 3}], ["id", "b"]), partial=True)  # ver NULL
-    bucket = table.spec.evaluate(pa.table({"id": pa.array([3], pa.int64())}), table.schema.field_ids)[0]
+    bucket = not_none(table.spec).evaluate(
+        pa.table({"id": pa.array([3], pa.int64())}), table.schema.field_ids
+    )[0]
     with table.region_writer(values=(bucket[0].as_py(),)) as rw:
         got = rw.put(as_table([{"id": 3, "ver": 1}], ["id", "ver"]), partial=True, if_match={"ver": None})
         assert got is not None and got.mask.tolist() == [True]
-        assert (
-            rw.put(as_table([{"id": 3, "ver": 5}], ["id", "ver"]), partial=True, if_match={"ver": None}).count
-            == 0
-        )
+        got = rw.put(as_table([{"id": 3, "ver": 5}], ["id", "ver"]), partial=True, if_match={"ver": None})
+        assert got is not None and got.count == 0
     assert sql_rows(table, where="where id = 3")[3] == {"id": 3, "a": None, "b": 3, "ver": 1, "vec": None}
 
 
@@ -215,7 +218,9 @@ def test_writes_over_several_regions_race_without_deadlock(tmp_path: Any, durabl
     waits forever, and each key's step v -> v + 1 is applied by exactly one thread."""
     table = new_table(tmp_path)
     assert table.spec is not None
-    buckets = table.spec.evaluate(pa.table({"id": pa.array(range(40), pa.int64())}), table.schema.field_ids)
+    buckets = not_none(table.spec).evaluate(
+        pa.table({"id": pa.array(range(40), pa.int64())}), table.schema.field_ids
+    )
     by_region = [[k for k, b in enumerate(buckets[0].to_pylist()) if b == r][:3] for r in (0, 1)]
     keys = [k for ks in zip(*by_region, strict=True) for k in ks]  # regions interleaved in the input
     steps, racers = 20, 3
@@ -281,7 +286,7 @@ def test_sigkill_during_partial_and_conditional_writes(tmp_path: Any) -> None:
         [sys.executable, "-c", CHILD, table.uri, "7"], stdout=subprocess.PIPE, text=True, env=env
     )
     assert child.stdout is not None
-    lines = []
+    lines: list[str] = []
     while sum('"ack"' in line for line in lines) < 30:
         line = child.stdout.readline()
         assert line, "the writer child died"
@@ -381,7 +386,7 @@ def test_refused_region_leaves_the_others_written_and_the_writer_usable(tmp_path
     table = lance_made_table(str(tmp_path / "t"), data, "id", bucket_column="id", num_buckets=2)
     assert table.spec is not None
     candidates = pa.table({"id": pa.array(range(20), pa.int64())})
-    buckets = table.spec.evaluate(candidates, table.schema.field_ids)[0].to_pylist()
+    buckets = not_none(table.spec).evaluate(candidates, table.schema.field_ids)[0].to_pylist()
     a, c = [k for k, b in enumerate(buckets) if b == 0][:2]  # two keys of one region
     b, d = [k for k, b in enumerate(buckets) if b == 1][:2]  # two of the other
     w = table.writer(durable=durable)
@@ -542,7 +547,7 @@ class PartialMachine(RuleBasedStateMachine):
 
 def test_partial_and_conditional_writes_match_the_model(tmp_path_factory: pytest.TempPathFactory) -> None:
     run_state_machine_as_test(
-        lambda: PartialMachine(tmp_path_factory.mktemp("m")),
+        lambda: PartialMachine(tmp_path_factory.mktemp("m")),  # type: ignore[arg-type]  # hypothesis calls any factory
         settings=settings(
             max_examples=12,
             stateful_step_count=12,

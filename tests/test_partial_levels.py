@@ -17,8 +17,8 @@ from support.children import SOURCE_ROOT
 from test_partial import SCHEMA, new_table, sql_rows
 
 import memwal_df as mw
-from memwal_df.read import current_rows
-from memwal_df.read.levels import GenerationLevel
+from memwal_df.read.lookup import current_rows
+from memwal_df.read.lsm.levels import GenerationLevel
 from memwal_df.write import region_state
 
 

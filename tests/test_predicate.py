@@ -1,4 +1,4 @@
-"""memwal_df.read.expression_tree, .predicate and .lance_filter: decoding pushed pyarrow Expressions, key
+"""memwal_df.read.expr.expression_tree, .predicate and .lance_filter: decoding pushed pyarrow Expressions, key
 lookups, pruning, Lance filters.
 
 DATAFUSION_CASES records, for DataFusion 54.1 (datafusion-python's DatasetExec), the filter a
@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from memwal_df.format import regions as rs
 from memwal_df.format.regions.predicates import Eq, In, Range
-from memwal_df.read import expression_tree as T
-from memwal_df.read import lance_filter as L
-from memwal_df.read import predicate as P
+from memwal_df.read.expr import expression_tree as T
+from memwal_df.read.expr import lance_filter as L
+from memwal_df.read.expr import predicate as P
 
 NAN = float("nan")
 NEG_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000000))[0]
@@ -144,6 +144,11 @@ DATAFUSION_CASES: list[tuple[str, str | None]] = [
 
 # ----------------------------------------------------------------------------------------------
 # A table with awkward values, for DataFusion and Lance
+
+
+def _call(node: T.Node) -> T.Call:
+    assert isinstance(node, T.Call), node
+    return node
 
 
 def _rows_table() -> pa.Table:
@@ -301,11 +306,13 @@ def test_datafusion_forms_decode_to_expected_trees(pushed) -> None:
     assert T.decode(pushed["id IS NULL"][0]) == T.Call("is_null", (T.Field("id"),), {"nan_is_null": False})
     assert T.decode(pushed["NOT b"][0]) == T.Call("invert", (T.Field("b"),), {})
     assert T.decode(pushed["b"][0]) == T.Field("b")
-    lit = T.decode(pushed["tsz > '2020-01-02T00:00:00Z'"][0]).args[1]
+    lit = _call(T.decode(pushed["tsz > '2020-01-02T00:00:00Z'"][0])).args[1]
+    assert isinstance(lit, T.Literal)
     assert lit.type == pa.timestamp("us", "UTC") and lit.value == dt.datetime(2020, 1, 2, tzinfo=dt.UTC)
-    assert T.decode(pushed["i32 = 5"][0]).args[1] == T.Literal(5, pa.int32())
-    assert T.decode(pushed["s = 'it''s \" : ) ('"][0]).args[1].value == "it's \" : ) ("
-    assert T.decode(pushed["dec = 1.10"][0]).args[1] == T.Literal(
+    assert _call(T.decode(pushed["i32 = 5"][0])).args[1] == T.Literal(5, pa.int32())
+    lit = _call(T.decode(pushed["s = 'it''s \" : ) ('"][0])).args[1]
+    assert isinstance(lit, T.Literal) and lit.value == "it's \" : ) ("
+    assert _call(T.decode(pushed["dec = 1.10"][0])).args[1] == T.Literal(
         decimal.Decimal("1.10"), pa.decimal128(10, 2)
     )
 
@@ -401,10 +408,10 @@ def test_decode_literals_and_options() -> None:
     node = T.decode(F("st", "x", "y").is_null(nan_is_null=True))
     assert node == T.Call("is_null", (T.Field("st", ("x", "y")),), {"nan_is_null": True})
     assert P.referenced_columns(F("st", "x") == 1) == {"st"}
-    node = T.decode(F("a").cast(pa.int32()))
-    assert node.function == "cast" and node.options["to_type"] == pa.int32()
-    node = T.decode(pc.match_substring(F("s"), "ab", ignore_case=True))
-    assert node.options == {"pattern": "ab", "ignore_case": True}
+    call = _call(T.decode(F("a").cast(pa.int32())))
+    assert call.function == "cast" and call.options["to_type"] == pa.int32()
+    call = _call(T.decode(pc.match_substring(F("s"), "ab", ignore_case=True)))
+    assert call.options == {"pattern": "ab", "ignore_case": True}
     assert T.decode(pc.scalar(True)) == T.Literal(True, pa.bool_())
     for expr in (
         F("st", "x").is_null(nan_is_null=True),
@@ -422,7 +429,7 @@ def test_decode_rejects_what_does_not_serialize() -> None:
     with pytest.raises(ValueError, match="non-name"):
         T.decode(F(0) == 1)
     with pytest.raises(TypeError):
-        T.decode("id = 1")  # type: ignore[arg-type]
+        T.decode("id = 1")
     with pytest.raises(ValueError):
         T._ordered_metadata(b"not an arrow file")
     _, (buf,) = (F("a") == 1).__reduce__()

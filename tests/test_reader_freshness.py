@@ -28,7 +28,7 @@ import memwal_df as mw
 from memwal_df.errors import StorageError
 from memwal_df.format.local_storage import LocalStorage
 from memwal_df.format.manifest import RegionManifestStore
-from memwal_df.read.snapshot import _latest_manifest
+from memwal_df.read.lsm.snapshot import _latest_manifest
 
 GUARANTEE = "reader freshness"
 ZERO = timedelta(0)
@@ -150,6 +150,7 @@ def test_a_known_region_manifest_is_reused_only_while_it_is_the_latest(
     assert newest is not None and newest.version >= 3
     v = newest.version - 2
     known = store.read(v)
+    assert isinstance(table.storage, LocalStorage)
     racing = _CollectAfterHead(table.storage.root, store.path(v), [store.path(v), store.path(v + 1)])
     got = _latest_manifest(RegionManifestStore(racing, region), known)
     assert got is not None and got.version == newest.version

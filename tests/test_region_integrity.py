@@ -16,6 +16,7 @@ regions the spec can name, and a refused `create_table` leaves nothing behind.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import datafusion
@@ -26,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.figures import case_name, record
 from support.lance_made import lance_made_table
+from support.optional import not_none
 
 import memwal_df as mw
 from memwal_df import errors
@@ -130,7 +132,7 @@ def test_memwal_index_refuses_to_add_a_non_key_spec(tmp_path):
     version = t.dataset.version
     bad = mw.identity("cat").bind(lance_field_ids(t.dataset), t.dataset.schema, primary_key=["cat"])
     for spec_id in (2, 1):  # a new spec, then spec 1 replaced
-        details = memwal_index.read_details(t.uri)[0]
+        details = not_none(memwal_index.read_details(t.uri))[0]
         if spec_id == 1:
             del details.sharding_specs[:]
         details.sharding_specs.append(RegionSpec(spec_id, bad.fields).to_proto())
@@ -138,7 +140,7 @@ def test_memwal_index_refuses_to_add_a_non_key_spec(tmp_path):
             memwal_index.replace_details(t.uri, details, version)
     assert lance.dataset(t.uri).version == version
     t.build_index()
-    assert memwal_index.read_details(t.uri)[0].sharding_specs == t.details.sharding_specs
+    assert not_none(memwal_index.read_details(t.uri))[0].sharding_specs == t.details.sharding_specs
 
 
 def test_cli_create_refuses_a_non_key_spec_and_leaves_nothing(tmp_path, capsys):
@@ -233,7 +235,7 @@ def test_a_lance_made_non_key_spec_opens_reads_and_refuses_writers(
     t = lance_made_table(table_uri, rows([1, 2]), "id", opts, identity_column="cat")
     assert t.non_key_region_columns() == ["cat"]
     assert sql(table_uri, "SELECT count(*) AS n FROM t", opts) == [{"n": 2}]
-    refusals = {
+    refusals: dict[str, Callable[[], object]] = {
         "writer": t.writer,
         "region_writer": lambda: t.region_writer(values=("a",)),
         "routed_writer": lambda: t.routed_writer(("a",), mw.WriterConfig()),
@@ -275,7 +277,7 @@ def test_region_writer_refuses_a_region_id_the_spec_cannot_name(table_uri, table
         t.region_writer(uuid.uuid4())
     assert isinstance(caught.value, errors.RegionRoutingError) and t.spec_text() in str(caught.value)
     assert t.region_ids() == []  # nothing was created
-    (values,) = t.spec.evaluate(rows([7]), t.schema.field_ids)
+    (values,) = not_none(t.spec).evaluate(rows([7]), t.schema.field_ids)
     value = values[0].as_py()
     with t.region_writer(values=(value,)) as w:  # a new region, named by its values
         assert w.region_id == t.region_id_for((value,))
@@ -299,7 +301,7 @@ def test_region_writer_refuses_a_region_id_the_spec_cannot_name(table_uri, table
 
 
 def _same_region(t: mw.Table, value: Any) -> set[int]:
-    (values,) = t.spec.evaluate(rows(list(range(40))), t.schema.field_ids)
+    (values,) = not_none(t.spec).evaluate(rows(list(range(40))), t.schema.field_ids)
     return {k for k, b in enumerate(values.to_pylist()) if b == value}
 
 
@@ -332,7 +334,9 @@ def test_cli_ingest_refuses_a_phantom_region(tmp_path, capsys):
         if t.region_id_for(
             tuple(
                 v[0].as_py()
-                for v in t.spec.evaluate(pa.table({"id": pa.array([k], pa.int64())}), t.schema.field_ids)
+                for v in not_none(t.spec).evaluate(
+                    pa.table({"id": pa.array([k], pa.int64())}), t.schema.field_ids
+                )
             )
         )
         == existing
@@ -345,7 +349,7 @@ def test_cli_ingest_refuses_a_phantom_region(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------
 # A refused create_table leaves nothing behind
 
-REFUSED_CREATES = {
+REFUSED_CREATES: dict[str, tuple[dict[str, Any], type[Exception]]] = {
     "day_of_an_integer": (dict(region_spec=mw.day("id")), errors.InvalidRegionSpecError),
     "unknown_column": (dict(region_spec=mw.bucket("nope", 2)), errors.InvalidRegionSpecError),
     "non_key_column": (dict(region_spec=mw.identity("cat")), errors.NonKeyRegionColumnError),

@@ -9,6 +9,7 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import lance
 import mmh3
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from lance.mem_wal import evaluate_sharding_spec
 from lance.schema import LanceSchema
+from support.optional import not_none
 
 from memwal_df.errors import InvalidRegionSpecError, RegionRoutingError
 from memwal_df.format.murmur3 import is_native_bucket_type, murmur3_32_spark, murmur3_multi
@@ -153,7 +155,9 @@ def test_bucket_matches_native_temporal(typ, bounds, storage, data: st.DataObjec
 @pytest.mark.parametrize("typ,width", [(pa.float32(), 32), (pa.float64(), 64)], ids=str)
 @SETTINGS
 @given(data=st.data(), n=BUCKET_COUNTS)
-def test_bucket_matches_native_floats(typ: pa.DataType, width: int, data: st.DataObject, n: int) -> None:
+def test_bucket_matches_native_floats(
+    typ: pa.DataType, width: Literal[32, 64], data: st.DataObject, n: int
+) -> None:
     special = st.sampled_from([0.0, -0.0, math.nan, -math.nan, math.inf, -math.inf, 1.25])
     values = data.draw(st.lists(st.none() | special | st.floats(width=width), min_size=1, max_size=50))
     arr = pa.array(values, typ)
@@ -426,13 +430,13 @@ def test_to_proto_bytes_equal_native(tmp_path: Path, kwargs: dict, ours_spec: rs
     (native_spec_bytes,) = _raw_fields(raw, 7)  # MemWalIndexDetails.sharding_specs
     bound = ours_spec.bind(rs.lance_field_ids(ds), ds.schema, primary_key=ds.schema.names)
     assert bound.to_proto().SerializeToString() == native_spec_bytes
-    assert bound.to_dict() == ds.mem_wal_index_details()["sharding_specs"][0]
+    assert bound.to_dict() == not_none(ds.mem_wal_index_details())["sharding_specs"][0]
     assert (bound.num_regions or 0) == pb.MemWalIndexDetails.FromString(raw).num_shards
     # native bytes decode to the same spec and re-encode unchanged
     decoded = rs.RegionSpec.from_proto(native_spec_bytes)
     assert decoded == bound
     assert decoded.to_proto().SerializeToString() == native_spec_bytes
-    assert rs.RegionSpec.from_dict(ds.mem_wal_index_details()["sharding_specs"][0]) == bound
+    assert rs.RegionSpec.from_dict(not_none(ds.mem_wal_index_details())["sharding_specs"][0]) == bound
     # and route like native
     batch = ds.to_table().to_batches()[0]
     native = evaluate_sharding_spec(batch, bound.to_dict(), ds.lance_schema).column(0)
@@ -866,7 +870,8 @@ def test_null_safety() -> None:
 def test_spec_errors() -> None:
     schema = pa.schema([("id", pa.int64()), ("s", pa.utf8())])
     ids = {"id": 0, "s": 1}
-    for n in [0, -1, 1025, "4", True, 2.0]:
+    bad_counts: list[Any] = [0, -1, 1025, "4", True, 2.0]
+    for n in bad_counts:
         with pytest.raises(InvalidRegionSpecError):
             rs.bucket("id", n)
     with pytest.raises(InvalidRegionSpecError):
@@ -1007,7 +1012,7 @@ def test_lance_field_ids(tmp_path: Path) -> None:
     assert rs.lance_field_ids(ds) == rs.lance_field_ids(ds.lance_schema) == {"a": 0, "s": 1, "b": 4}
     ds.drop_columns(["a"])
     ds.add_columns({"c": "b"})
-    ds.alter_columns({"path": "b", "name": "b2"})
+    ds.alter_columns({"path": "b", "name": "b2"})  # type: ignore[dict-item]  # lance types each as an Iterable
     assert rs.lance_field_ids(lance.dataset(str(tmp_path / "t"))) == {"s": 1, "b2": 4, "c": 5}
     with pytest.raises(TypeError):
         rs.lance_field_ids(42)
@@ -1091,7 +1096,7 @@ def _int_cases(draw: st.DrawFn) -> tuple[str, list[pa.Array]]:
     return draw(_int_expressions(len(types))), cols
 
 
-def _outcome(run: Callable[[], pa.Array]) -> tuple[str, object, object]:
+def _outcome(run: Callable[..., pa.Array]) -> tuple[str, object, object]:
     try:
         out = run()
     except (RegionRoutingError, InvalidRegionSpecError):

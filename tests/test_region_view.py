@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import memwal_df as mw
 from memwal_df.format.rows import TOMBSTONE
-from memwal_df.read.levels import GenerationLevel
-from memwal_df.read.region_view import ViewCache, ViewShape, build_view, region_view
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lsm.levels import GenerationLevel
+from memwal_df.read.lsm.snapshot import take_snapshot
+from memwal_df.read.scan.region_view import ViewCache, ViewShape, build_view, region_view
 
 STEPS = st.lists(
     st.one_of(
@@ -103,7 +103,7 @@ def test_a_flush_patches_the_view_a_merge_trims_it(tmp_path):
 
 def test_a_base_too_large_to_index_is_anti_joined_by_key(tmp_path, monkeypatch):
     """Both base plans (row mask from the key index, anti-join by key) return the model's rows."""
-    from memwal_df.read import base_keys
+    from memwal_df.read.lsm import base_key_index
 
     uri = str(tmp_path / "t")
     base = pa.table({"id": pa.array(np.arange(300), pa.int64()), "v": pa.array(np.zeros(300))})
@@ -122,8 +122,8 @@ def test_a_base_too_large_to_index_is_anti_joined_by_key(tmp_path, monkeypatch):
             model.pop(k)
         writer.put(pa.table({"id": pa.array([9], pa.int64()), "v": pa.array([9.0])}))
         model[9] = 9.0
-        for limit in (base_keys.MAX_INDEXED_BASE_ROWS, 0):
-            monkeypatch.setattr(base_keys, "MAX_INDEXED_BASE_ROWS", limit)
+        for limit in (base_key_index.MAX_INDEXED_BASE_ROWS, 0):
+            monkeypatch.setattr(base_key_index, "MAX_INDEXED_BASE_ROWS", limit)
             for reader in (mw.MemWalTable(uri, writer=writer),):
                 got = reader.to_table().sort_by("id")
                 assert (

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_df.read.exec.anti_join_scan import AntiJoinScanExec
-from memwal_df.read.keys import KeySet
-from memwal_df.read.spans import base_spans
+from memwal_df.read.lsm.keys import KeySet
+from memwal_df.read.scan.anti_join_scan import AntiJoinScanExec
+from memwal_df.read.scan.spans import base_spans
 
 
 @pytest.fixture(scope="module")

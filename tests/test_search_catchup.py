@@ -24,11 +24,12 @@ from support.search_oracle import HISTORY_OPS, SearchLsm, history, make_rows, ne
 from test_vector_search import QUERIES, assert_exact, assert_fresh
 
 import memwal_df as mw
-from memwal_df.read import levels as _levels
-from memwal_df.read import vectors
-from memwal_df.read.exec.brute_force_knn import BruteForceKnnExec
-from memwal_df.read.levels import GenerationLevel
-from memwal_df.read.search import plan_vector_search
+from memwal_df.read.lsm import levels as _levels
+from memwal_df.read.lsm.levels import GenerationLevel
+from memwal_df.read.search.planner import plan_vector_search
+from memwal_df.read.search.staleness import NewerLevels
+from memwal_df.read.search.vector import vectors
+from memwal_df.read.search.vector.brute_force_knn import BruteForceKnnExec
 
 PARTITIONS = 4
 EXACT = {"nprobes": PARTITIONS, "refine_factor": 10_000}  # every partition, every row refined
@@ -159,7 +160,7 @@ def test_long_lived_reader_across_merges_derives_masks_from_the_last_ones(
     lsm = indexed_lsm(tmp_path, list(range(600)))
     probed: list[int] = []
 
-    class Recorded(vectors.NewerLevels):
+    class Recorded(NewerLevels):
         def __init__(self, levels: Any, *args: Any) -> None:
             probed.append(len(levels))
             super().__init__(levels, *args)

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lance.file import LanceFileReader
 from support.jobs import gc_merged, merge_all, merge_region
+from support.optional import not_none
 from support.reference import stored_rows
 
 import memwal_df as mw
@@ -29,7 +30,7 @@ from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.regions.values import encode_region_value
 from memwal_df.jobs import index_builder
-from memwal_df.read.snapshot import take_snapshot
+from memwal_df.read.lsm.snapshot import take_snapshot
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("tag", pa.string())])
 
@@ -240,7 +241,7 @@ def test_regions_created_after_the_build_are_invisible(table: mw.Table) -> None:
 
 
 def _regions_of(table: mw.Table, data: pa.Table) -> set[uuid.UUID]:
-    values = table.spec.evaluate(data, table.schema.field_ids)
+    values = not_none(table.spec).evaluate(data, table.schema.field_ids)
     return {table.region_id_for(tuple(v[0].as_py() for v in values))}
 
 
@@ -305,17 +306,17 @@ def test_more_than_the_threshold_goes_to_an_external_file(tmp_path) -> None:
 
 
 def test_builder_advances_stale_wal_hints(table: mw.Table) -> None:
-    (buckets,) = table.spec.evaluate(rows(range(100, 120), "k"), table.schema.field_ids)
+    (buckets,) = not_none(table.spec).evaluate(rows(range(100, 120), "k"), table.schema.field_ids)
     a, b = [k for k, bucket in zip(range(100, 120), buckets.to_pylist(), strict=True) if bucket == 0][:2]
     rw = table.region_writer(values=(0,))
     region_id = rw.region_id
     rw.put(rows([a], "a"))
     rw.put(rows([b], "b"))  # two durable WAL entries; the manifest does not know them yet
     store = RegionManifestStore(table.storage, region_id)
-    assert store.latest().wal_entry_position_last_seen == 0
+    assert not_none(store.latest()).wal_entry_position_last_seen == 0
     built = table.build_index()
     assert built.last_seen_advanced == 1
-    assert store.latest().wal_entry_position_last_seen == 2
+    assert not_none(store.latest()).wal_entry_position_last_seen == 2
     assert table.build_index().last_seen_advanced == 0
     rw.close()  # the writer is not fenced by the builder's manifest commit
     assert {a, b} <= set(read(table, "latest"))
@@ -390,7 +391,7 @@ def test_lance_still_works_after_build_index(table: mw.Table, inline_threshold: 
     ds = lance.dataset(table.uri, storage_options=options)
     assert ds.count_rows() == 20
     assert [i.name for i in ds.describe_indices()] == [memwal_index.MEMWAL_INDEX_NAME]
-    assert ds.mem_wal_index_details()["num_shards"] == 4
+    assert not_none(ds.mem_wal_index_details())["num_shards"] == 4
     # Lance's writer writes and flushes a region; Lance's merge keeps the snapshot fields.
     native_id = uuid.uuid4()
     native = ds.mem_wal_writer(str(native_id))

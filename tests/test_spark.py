@@ -12,8 +12,10 @@ import os
 import pathlib
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.lance_made import foreign_spec_table, lance_made_table
+from support.optional import not_none
 from support.reference import model_rows, stored_rows
 
 import memwal_df as mw
@@ -258,7 +261,7 @@ def test_region_stage_keeps_each_regions_rows_in_order(
     files."""
     ids = np.random.default_rng(seed).choice(2**40, n, replace=False) - 2**39
     table, data = stage_table, rows(ids, 0)
-    values = table.spec.evaluate(data, table.schema.field_ids)
+    values = not_none(table.spec).evaluate(data, table.schema.field_ids)
     regions = [table.region_id_for(region_of_row(values, i)) for i in range(data.num_rows)]
     spill_root = tempfile.mkdtemp(dir=tmp_path)
     with RegionStage(table.schema.schema, memory, spill_root) as stage:
@@ -285,7 +288,8 @@ def test_a_fenced_task_writes_its_region_again_or_gives_up(tmp_path, monkeypatch
     table = mw.create_table(str(tmp_path / "t"), SCHEMA, "id", region_spec=mw.unsharded())
     job, storage, long = StagedJob("job", "upsert", durable=True), table.storage, dt.timedelta(minutes=10)
     mine, theirs = rows(range(0, 1000), 1), rows([5, 5000], 2)
-    real_put, fenced = TableWriter.put, []
+    real_put = TableWriter.put
+    fenced: list[uuid.UUID] = []
 
     def put(writer, data):
         real_put(writer, data)
@@ -371,7 +375,7 @@ def test_spark_routing_equals_the_writers_routing(spark, tmp_path):
         routed = mws.route(df, table).select("id", mws.ROUTE).toArrow()
         by_id = dict(zip(routed.column("id").to_pylist(), routed.column(mws.ROUTE).to_pylist(), strict=True))
         assert len(by_id) == data.num_rows, name
-        values = table.spec.evaluate(data, table.schema.field_ids)
+        values = not_none(table.spec).evaluate(data, table.schema.field_ids)
         python_regions = [table.region_id_for(region_of_row(values, i)) for i in range(data.num_rows)]
         spark_routes = [by_id[k] for k in data.column("id").to_pylist()]
         # the same region <=> the same route value: one task gets all rows of a region
@@ -393,7 +397,9 @@ def test_memwaltable_reads_during_a_spark_ingest_see_whole_regions(spark, tmp_pa
     after = {**old, **new}
     region_of = {}
     keys = pa.table({"id": pa.array(list(after), pa.int64())})
-    for k, v in zip(after, table.spec.evaluate(keys, table.schema.field_ids)[0].to_pylist(), strict=True):
+    for k, v in zip(
+        after, not_none(table.spec).evaluate(keys, table.schema.field_ids)[0].to_pylist(), strict=True
+    ):
         region_of[k] = v
     stop, reads, errors = threading.Event(), [], []
 
@@ -551,11 +557,8 @@ def test_a_task_killed_mid_unrouted_write_leaves_the_table_correct(spark, tmp_pa
                 real(writer, data)  # durable: in the WAL, not flushed
                 die()
 
-            TableWriter.put = put
-            try:
+            with mock.patch.object(TableWriter, "put", put):
                 return super().write(iterator)
-            finally:
-                TableWriter.put = real
 
     source = register_writer(spark, "memwal_unrouted_killed_once", KilledInRegion)
     data = rows(range(50, 4050), 1)
@@ -607,6 +610,7 @@ def test_filters_are_exact_after_dedup_and_prune_regions(spark, tmp_path):
 
 def test_the_spark_example_runs_and_checks_itself(spark, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("spark_ingest", EXAMPLES / "spark_ingest.py")
+    assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     assert example.main(str(tmp_path / "events"), spark) == 0

@@ -126,7 +126,8 @@ def test_micro_batches_equal_the_model_after_every_batch(spark, tmp_path):
     uri, source = new_table(tmp_path), tmp_path / "in"
     source.mkdir()
     query = stream(spark, source, uri, tmp_path / "ckpt").trigger(processingTime="0 seconds").start(uri)
-    rng, model = np.random.default_rng(5), {}
+    rng = np.random.default_rng(5)
+    model: Model = {}
     try:
         for step in range(4):
             batch = events(rng, 400, 300, step)
@@ -152,7 +153,9 @@ def test_a_task_that_fails_once_is_retried_without_loss(spark, tmp_path):
             raise RuntimeError("injected task failure")
         return value
 
-    rng, model = np.random.default_rng(7), {}
+    rng = np.random.default_rng(7)
+
+    model: Model = {}
     for step in range(2):
         batch = events(rng, 300, 200, step)
         publish(batch, source / f"{step}.parquet")
@@ -179,7 +182,8 @@ def test_a_restarted_query_skips_the_batch_the_table_committed(spark, tmp_path):
     its keys by another writer survives."""
     uri, source, checkpoint = new_table(tmp_path), tmp_path / "in", tmp_path / "ckpt"
     source.mkdir()
-    rng, model = np.random.default_rng(9), {}
+    rng = np.random.default_rng(9)
+    model: Model = {}
     for step in range(2):
         batch = events(rng, 300, 200, step)
         publish(batch, source / f"{step}.parquet")
@@ -223,7 +227,8 @@ def test_two_queries_into_one_table(spark, tmp_path):
     uri = new_table(tmp_path)
     sources = [tmp_path / "even", tmp_path / "odd"]
     queries = []
-    rng, model = np.random.default_rng(3), {}
+    rng = np.random.default_rng(3)
+    model: Model = {}
     for parity, source in enumerate(sources):
         source.mkdir()
         sink = stream(spark, source, uri, tmp_path / f"ckpt{parity}", lease_ttl_s="10")
@@ -275,6 +280,7 @@ def test_bad_input_is_refused_with_typed_errors(spark, tmp_path):
 
 def test_the_streaming_example_runs_and_checks_itself(spark, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("spark_streaming", ROOT / "examples" / "spark_streaming.py")
+    assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     assert example.main(str(tmp_path / "stream"), spark) == 0
@@ -329,7 +335,8 @@ def test_a_driver_killed_mid_batch_restarts_from_its_checkpoint_without_loss(tmp
     inbox.mkdir()
     child = ROOT / "tests" / "support" / "stream_child.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    rng, model = np.random.default_rng(17), {}
+    rng = np.random.default_rng(17)
+    model: Model = {}
     files = [events(rng, 2_000, 1_500, step) for step in range(4)]
     for batch in files:
         apply(model, batch)
@@ -343,6 +350,7 @@ def test_a_driver_killed_mid_batch_restarts_from_its_checkpoint_without_loss(tmp
         start_new_session=True,  # its JVM too
     )
     try:
+        assert run.stdout is not None
         query = run.stdout.readline().split()[-1]
         storage = mw.open_table(uri).storage
         deadline = time.monotonic() + 120

@@ -1,4 +1,4 @@
-"""The int8 first pass of exact l2 brute force (`memwal_df/read/sq8.py`): its bounds must hold for
+"""The int8 first pass of exact l2 brute force (`read/search/vector/sq8.py`): its bounds must hold for
 the float32 distances the search ranks by, on any data, so the rows it lets through always contain
 the exact nearest rows."""
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memwal_df.read.sq8 import Quantized, _smallest
-from memwal_df.read.vectors import distances
+from memwal_df.read.search.vector.sq8 import Quantized, _smallest
+from memwal_df.read.search.vector.vectors import distances
 
 
 def _check(matrix: np.ndarray, q: np.ndarray, excluded: np.ndarray, n: int, parts: int = 1) -> None:

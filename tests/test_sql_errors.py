@@ -11,6 +11,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from support.optional import not_none
 
 import memwal_df as mw
 from memwal_df import errors
@@ -114,6 +115,99 @@ DOCUMENTED = [
     ("SELECT * FROM memwal_explain('t', 'id = = 1')", InvalidFilterError, "expected a value at position 5"),
     ("SELECT * FROM memwal_explain('u')", TableNotRegisteredError, "table named 'u'"),
     ("SELECT * FROM memwal_explain_search('knn', 't', 'vec', [1.0, 2.0], 3)", InvalidConfigError, "'knn'"),
+    # arguments that are not literals: table functions are evaluated before any row is read
+    (
+        f"SELECT * FROM {VS.replace(', 3', ', id')})",
+        InvalidConfigError,
+        "k must be a literal value, not the expression id",
+    ),
+    (
+        "SELECT * FROM vector_search(t, 'vec', [1.0, 2.0], 3)",
+        InvalidConfigError,
+        "table must be a literal value",
+    ),
+    (
+        "SELECT * FROM vector_search('t', vec, [1.0, 2.0], 3)",
+        InvalidConfigError,
+        "column must be a literal value",
+    ),
+    (
+        "SELECT * FROM fts('t', 'text', text, 3)",
+        InvalidConfigError,
+        "fts: query must be a literal value, not the expression text",
+    ),
+    (
+        "SELECT * FROM fts('t', 'text', 'word1', category)",
+        InvalidConfigError,
+        "fts: k must be a literal value",
+    ),
+    ("SELECT * FROM memwal_explain('t', category)", InvalidConfigError, "filter must be a literal value"),
+    (
+        "SELECT * FROM memwal_explain_search('fts', 't', 'text', 'word1', id)",
+        InvalidConfigError,
+        "fts: k must be a literal value",
+    ),
+    # wrong arity
+    ("SELECT * FROM vector_search()", InvalidConfigError, "takes 4 or 5 arguments"),
+    (f"SELECT * FROM {VS}, named_struct('nprobes', 2), 1)", InvalidConfigError, "takes 4 or 5 arguments"),
+    (
+        "SELECT * FROM fts('t', 'text', 'word1')",
+        InvalidConfigError,
+        "fts(table, column, query, k [, options])",
+    ),
+    ("SELECT * FROM memwal_explain()", InvalidConfigError, "memwal_explain(table [, filter]) takes 1 or 2"),
+    ("SELECT * FROM memwal_explain('t', 'id = 1', 3)", InvalidConfigError, "takes 1 or 2 arguments"),
+    ("SELECT * FROM memwal_explain_search()", InvalidConfigError, "takes 5 or 6 arguments"),
+    ("SELECT * FROM memwal_explain_search('fts', 't', 'text', 'x')", InvalidConfigError, "takes 4 or 5"),
+    # wrong types
+    (
+        f"SELECT * FROM {VS.replace(', 3', ', 2.5')})",
+        InvalidConfigError,
+        "k must be a positive integer, not 2.5",
+    ),
+    (
+        f"SELECT * FROM {VS.replace(', 3', ', true')})",
+        InvalidConfigError,
+        "k must be a positive integer, not True",
+    ),
+    (
+        "SELECT * FROM fts('t', 'text', 'word1', '3')",
+        InvalidConfigError,
+        "k must be a positive integer, not '3'",
+    ),
+    (
+        "SELECT * FROM vector_search('t', 'vec', NULL, 3)",
+        InvalidConfigError,
+        "must be a list of numbers, not None",
+    ),
+    (
+        "SELECT * FROM vector_search('t', 'vec', 'abc', 3)",
+        InvalidConfigError,
+        "must be a list of numbers, not 'abc'",
+    ),
+    (
+        "SELECT * FROM fts('t', 'text', 'word1', 3, named_struct('filter', 5))",
+        InvalidConfigError,
+        "filter must be a string",
+    ),
+    ("SELECT * FROM memwal_explain('t', 5)", InvalidConfigError, "filter must be SQL text (a string), not 5"),
+    # unknown tables and columns
+    (
+        "SELECT * FROM vector_search(5, 'vec', [1.0, 2.0], 3)",
+        TableNotRegisteredError,
+        "no MemWAL table named 5",
+    ),
+    ("SELECT * FROM fts('t', 'nope', 'word1', 3)", InvalidConfigError, "'nope' is not a string column"),
+    (
+        "SELECT * FROM memwal_explain_search('vector', 't', 'vec', [1.0, 2.0], 3)",
+        InvalidConfigError,
+        "no search function 'vector'; the first argument names one of ['fts', 'vector_search']",
+    ),
+    (
+        "SELECT * FROM memwal_explain_search('fts', 'u', 'text', 'x', 3)",
+        TableNotRegisteredError,
+        "table named 'u'",
+    ),
 ]
 
 
@@ -130,6 +224,21 @@ def test_documented_errors_are_typed_through_sql(
     assert not isinstance(plain.value, error)
     typed = errors.unwrap(plain.value)
     assert type(typed) is error and str(typed) == str(raised.value)
+    first = str(plain.value).splitlines()[0]  # DataFusion's text, headed by the error's own line
+    assert first == f"{error.__name__}: {errors.headline(str(raised.value))}" and len(first) < 200
+    assert "Traceback" not in str(plain.value)
+
+
+@pytest.mark.parametrize("function", ["vector_search", "fts"])
+def test_explain_search_takes_the_sql_function_names(ctx: datafusion.SessionContext, function: str) -> None:
+    query = "[1.0, 2.0]" if function == "vector_search" else "'word1'"
+    column = "vec" if function == "vector_search" else "text"
+    lines = mw.query(
+        ctx, f"SELECT line FROM memwal_explain_search('{function}', 't', '{column}', {query}, 3)"
+    )
+    assert lines.num_rows and ("TopKExec" if function == "vector_search" else "GlobalBM25Exec") in str(
+        lines["line"][0]
+    )
 
 
 def test_unsupported_tokenizer_is_typed_through_sql(table: mw.Table, ctx: datafusion.SessionContext) -> None:
@@ -155,6 +264,66 @@ def test_unreadable_generation_is_typed_through_sql(
     _break_generations(table)
     with pytest.raises(MissingGenerationError, match=r"(?s)cannot be read: _mem_wal/\S+ \(.*not found"):
         mw.query(ctx, sql)
+
+
+def _flip_generation_bytes(table: mw.Table) -> None:
+    """Change a byte of every data file of every generation: its checksum no longer matches."""
+    for region in table.region_ids():
+        for path in table.storage.list(f"_mem_wal/{region}"):
+            if "_gen_" in path and path.endswith(".lance"):
+                data = bytearray(table.storage.get(path))
+                data[10] ^= 0xFF
+                table.storage.put(path, bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "error", "words"),
+    [
+        ("flip bytes", errors.CorruptGenerationError, "is corrupt"),
+        ("delete manifests", MissingGenerationError, "cannot be read"),
+    ],
+)
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count(*) FROM t",
+        "SELECT * FROM t WHERE id = 25",
+        f"SELECT id FROM {VS})",
+        "SELECT id FROM fts('t', 'text', 'word1', 3)",
+    ],
+)
+def test_errors_of_a_failing_read_have_a_short_first_line_through_plain_sql(
+    table: mw.Table,
+    ctx: datafusion.SessionContext,
+    damage: str,
+    error: type[Exception],
+    words: str,
+    sql: str,
+) -> None:
+    """Through plain `ctx.sql` (scans fail while DataFusion runs the plan, searches while it plans
+    the query) the first line names the error and the problem in under 200 characters; the whole
+    message follows, and `unwrap` / `query` give the error with its full message."""
+    (_flip_generation_bytes if damage == "flip bytes" else _break_generations)(table)
+    with pytest.raises(error) as typed:
+        mw.query(ctx, sql)
+    assert len(str(typed.value).splitlines()[0]) > errors.HEADLINE_CHARS  # a message that needs a headline
+    with pytest.raises(Exception) as plain:
+        ctx.sql(sql).to_arrow_table()
+    first = str(plain.value).splitlines()[0]
+    assert len(first) < 200 and f"{error.__name__}: " in first and words in first, first
+    assert "Traceback" not in str(plain.value) and str(typed.value) in str(plain.value)
+    rebuilt = errors.unwrap(plain.value)
+    assert type(rebuilt) is error and str(rebuilt) == str(typed.value)
+
+
+def test_headline_cuts_a_long_first_line_at_a_separator() -> None:
+    region = "r" * 36
+    long = f"generation 2 of region {region} is corrupt: checksum 1 where 2 was written: " + "p/" * 60
+    assert errors.headline(long) == f"generation 2 of region {region} is corrupt …"
+    assert errors.headline("short: message\nsecond line") == "short: message"
+    words = " ".join(["word"] * 60)
+    assert errors.headline(words) == " ".join(["word"] * 20) + " …"  # 99 characters cut at a space
+    assert len(errors.headline("x" * 500)) == errors.HEADLINE_CHARS + 2
 
 
 def _break_generations(table: mw.Table) -> None:
@@ -226,7 +395,7 @@ def test_corrupt_region_manifest_is_typed_through_sql_with_its_path(
     table: mw.Table, ctx: datafusion.SessionContext, sql: str
 ) -> None:
     region = table.region_ids()[0]
-    path = layout.manifest_path(region, table.region_status(region).manifest_version)
+    path = layout.manifest_path(region, not_none(table.region_status(region)).manifest_version)
     data = table.storage.get(path)
     table.storage.put(path, data[: len(data) // 2])
     with pytest.raises(CorruptManifestError) as raised:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from memwal_df.errors import InvalidFilterError
-from memwal_df.read.sqlexpr import parse_filter
+from memwal_df.read.expr.sql_text import parse_filter
 
 TABLE = pa.table(
     {

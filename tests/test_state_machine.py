@@ -32,7 +32,7 @@ import shutil
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -51,6 +51,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from support.optional import not_none
 from support.reference import model_rows, stored_rows
 from support.wal_oracle import apply_rows, check_region, durable_rows, region_snapshot
 
@@ -140,7 +141,7 @@ class WriterMachine(RuleBasedStateMachine):
 
     def region_of(self, key: int) -> uuid.UUID:
         if key not in self._region_of:
-            values = self.table.spec.evaluate(
+            values = not_none(self.table.spec).evaluate(
                 pa.table({"id": pa.array([key], pa.int64())}), self.table.schema.field_ids
             )
             self._region_of[key] = self.table.region_id_for((values[0][0].as_py(),))
@@ -280,7 +281,7 @@ class WriterMachine(RuleBasedStateMachine):
         keys = sorted(self.model(durable_only=False))
         self.delete(data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=4)))
 
-    def _put(self, rows: list[tuple[int, str | None, float | None]]) -> None:
+    def _put(self, rows: Sequence[tuple[int, str | None, float | None]]) -> None:
         assert self.writer is not None
         dicts = [{"id": k, "name": n, "v": v} for k, n, v in rows]
         replay = self.before_write([k for k, _, _ in rows])
@@ -360,12 +361,14 @@ class WriterMachine(RuleBasedStateMachine):
     @rule()
     def recover(self) -> None:
         self.recovered = True
-        expected = {rid for rid in self.table.region_ids() if region_snapshot(self.table, rid).tail_has_data}
+        expected = {
+            rid for rid in self.table.region_ids() if not_none(region_snapshot(self.table, rid)).tail_has_data
+        }
         got = self.table.recover()
         event(f"recover() after a crash recovers {len(got)} regions")
         assert len(got) == len(set(got)) and set(got) == expected
         for rid in self.table.region_ids():
-            assert not region_snapshot(self.table, rid).tail_has_data
+            assert not not_none(region_snapshot(self.table, rid)).tail_has_data
         assert self.table.recover() == []
 
     def recover_fences_live_writer(self) -> None:
@@ -373,7 +376,9 @@ class WriterMachine(RuleBasedStateMachine):
         there and reports its buffered (never durable) rows; then it crashes."""
         assert self.writer is not None
         self.settle()
-        expected = {rid for rid in self.table.region_ids() if region_snapshot(self.table, rid).tail_has_data}
+        expected = {
+            rid for rid in self.table.region_ids() if not_none(region_snapshot(self.table, rid)).tail_has_data
+        }
         got = self.table.recover()
         event(f"recover() fences {len(set(got) & set(self.writer.writers))} live region writers")
         assert set(got) == expected
@@ -384,6 +389,7 @@ class WriterMachine(RuleBasedStateMachine):
             with pytest.raises(errors.WriterFencedError) as exc:
                 rw.flush()
             lost = exc.value.not_durable
+            assert lost is None or isinstance(lost, pa.Table)
             assert (lost.to_pylist() if lost is not None else []) == [
                 r for op in rm.ops[rm.durable :] for r in op
             ]
@@ -484,13 +490,13 @@ class WriterMachine(RuleBasedStateMachine):
                     rm.durable = len(rm.ops)
             table = mw.open_table(self.uri, self.options)
             table.recover()
-            gens = sum(len(region_snapshot(table, r).manifest.sstables) for r in table.region_ids())
+            gens = sum(len(not_none(region_snapshot(table, r)).manifest.sstables) for r in table.region_ids())
             event(f"generations flushed: {gens // 10 * 10}+")
             assert stored_rows(table) == self.model(durable_only=False)
             for rid in table.region_ids():
                 if not self.collected:  # the structural checks read every manifest version
                     check_region(table, rid)
-                assert not region_snapshot(table, rid).tail_has_data
+                assert not not_none(region_snapshot(table, rid)).tail_has_data
         finally:
             self._cleanup()
 

@@ -8,9 +8,11 @@ import pickle
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import boto3
 import lance
+import obstore
 import pyarrow as pa
 import pytest
 from botocore.exceptions import ClientError
@@ -65,7 +67,11 @@ def test_open_storage_picks_backend_and_normalises_uri(tmp_path, monkeypatch):
     assert f.uri == f"file://{tmp_path}/t" and f.root == str(tmp_path / "t")
     assert f.child_uri("a/b") == f"file://{tmp_path}/t/a/b"
 
-    opts = {"aws_endpoint": "http://127.0.0.1:9", "aws_region": "us-east-1", "allow_http": True}
+    opts: dict[str, Any] = {
+        "aws_endpoint": "http://127.0.0.1:9",
+        "aws_region": "us-east-1",
+        "allow_http": True,
+    }
     s3 = open_storage("s3://bucket/some/table/", opts)
     assert isinstance(s3, ObjectStorage)
     assert s3.uri == "s3://bucket/some/table"
@@ -332,7 +338,11 @@ def test_local_publish_protocol_fsyncs_data_then_directory(tmp_path, monkeypatch
         calls.append(os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path))
         real_fsync(fd)
 
-    monkeypatch.setattr(local_mod, "_datasync", lambda fd: (calls.append("data"), real_datasync(fd))[1])
+    def datasync(fd: int) -> None:
+        calls.append("data")
+        real_datasync(fd)
+
+    monkeypatch.setattr(local_mod, "_datasync", datasync)
     monkeypatch.setattr(os, "fsync", fsync)
     assert st.put_if_not_exists("_mem_wal/r/wal/1.arrow", b"x")
     # new directories are made durable in their parents, then the data, then the new entry
@@ -564,13 +574,13 @@ def test_s3_region_defaults_like_lance(monkeypatch):
 def test_retried_conditional_put_recognises_its_own_write(monkeypatch):
     """A PUT that object_store retried can get 412 for its own first attempt: then it is ours."""
     st = open_storage(f"memory:///{uuid.uuid4()}")
-    real_put = object_mod.obs.put
+    real_put = obstore.put
 
     def put_then_412(store, key, data, **kw):
         real_put(store, key, data, **kw)
         raise AlreadyExistsError(f"Object at location {key} already exists ... retries: 1, max_retries: 10")
 
-    monkeypatch.setattr(object_mod.obs, "put", put_then_412)
+    monkeypatch.setattr(obstore, "put", put_then_412)
     assert st.put_if_not_exists("a", b"mine") is True
     monkeypatch.undo()
     assert st.put_if_not_exists("a", b"theirs") is False

@@ -14,15 +14,17 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.optional import not_none
 from support.search_oracle import DIM, HISTORY_OPS, SearchLsm, history, make_rows, nearest
 
 import memwal_df as mw
 from memwal_df.errors import InvalidConfigError
-from memwal_df.read.exec.ranked import POSITION, RankedExec, TopKExec
-from memwal_df.read.newer_levels import NewerLevels
-from memwal_df.read.search import plan_vector_search
-from memwal_df.read.snapshot import take_snapshot
-from memwal_df.read.vectors import METRICS
+from memwal_df.read.lsm.snapshot import take_snapshot
+from memwal_df.read.search.filter_stale import FilterStaleExec
+from memwal_df.read.search.planner import plan_vector_search
+from memwal_df.read.search.ranked import POSITION, RankedExec, TopKExec
+from memwal_df.read.search.staleness import NewerLevels
+from memwal_df.read.search.vector.vectors import METRICS
 
 RNG = np.random.default_rng(7)
 QUERIES = [RNG.standard_normal(DIM).astype(np.float32).tolist() for _ in range(4)]
@@ -88,6 +90,7 @@ def test_overfetch_grows_when_the_nearest_rows_are_stale(tmp_path: Path) -> None
     plan = plan_vector_search(lsm.reader(), "vec", q, 10)
     assert_exact(plan.to_table(), truth, nearest(truth, q, 10))
     base_arm = plan.children[0]
+    assert isinstance(base_arm, FilterStaleExec)
     assert base_arm.fetched is not None and base_arm.fetched > 20  # grew past k * overfetch
     lsm.close()
 
@@ -180,7 +183,7 @@ def test_newer_levels_exact_despite_bloom(lsm: SearchLsm) -> None:
     newer = NewerLevels(levels, ["id"], pa.int64())
     held = set()
     for level in levels:
-        held |= set(level.keys(["id"]).to_pylist())
+        held |= set(not_none(level.keys(["id"])).to_pylist())
     probe = pa.table({"id": pa.array(np.arange(-50, 400), pa.int64())})
     want = np.array([k in held for k in probe.column("id").to_pylist()])
     assert (newer.stale(probe) == want).all()  # bloom pre-check where a key set is not read yet

@@ -14,6 +14,7 @@ import pyarrow.ipc as ipc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.optional import not_none
 from support.wal_oracle import unchecked
 
 from memwal_df.errors import CorruptWalEntryError
@@ -361,7 +362,7 @@ def test_native_writer_replays_our_entries(
     assert wal.append(1, entry_bytes([wal_batch(rows([1, 2, 3])), tombstones([2])], 1, 1))
     assert wal.append(2, entry_bytes([wal_batch(rows([4]))], 1, 1))
     ds.mem_wal_writer(str(shard)).close()  # claims epoch 2, replays 1..2, flushes on close
-    m = RegionManifestStore(storage, shard).latest()
+    m = not_none(RegionManifestStore(storage, shard).latest())
     assert m.writer_epoch == 2 and len(m.sstables) == 1 and m.replay_after_wal_entry_position >= 2
     gen = lance.dataset(
         storage.child_uri(layout.generation_path(shard, m.sstables[0].path)), storage_options=opts
@@ -549,7 +550,7 @@ def test_append_read_round_trip(storage: Storage) -> None:
     data = entry_bytes(batches, 3, 2)
     assert wal.append(1, data)
     assert storage.get(layout.wal_path(region, 1)) == data
-    entry = wal.read(1)
+    entry = not_none(wal.read(1))
     assert (entry.position, entry.writer_epoch, entry.generation) == (1, 3, 2)
     assert_same_batches(entry.batches, batches)
     assert wal.exists(1) and wal.path(1) == layout.wal_path(region, 1)
@@ -562,7 +563,7 @@ def test_append_refuses_a_taken_position(storage: Storage) -> None:
     assert not wal.append(1, entry_bytes([wal_batch(rows([2]))], 2, 1))
     assert not wal.append(1, encode_fence_sentinel(2))
     assert storage.get(wal.path(1)) == first
-    assert wal.read(1).batches[0]["id"].to_pylist() == [1]
+    assert not_none(wal.read(1)).batches[0]["id"].to_pylist() == [1]
     for bad in (0, -1):
         with pytest.raises(ValueError):
             wal.append(bad, first)
@@ -587,7 +588,7 @@ def test_append_race_has_one_winner(table_uri: str, table_storage_options: dict[
         t.join()
     winners = [i for i, ok in results.items() if ok]
     assert len(results) == n and len(winners) == 1
-    entry = Wal(open_storage(table_uri, table_storage_options), region).read(1)
+    entry = not_none(Wal(open_storage(table_uri, table_storage_options), region).read(1))
     assert entry.writer_epoch == winners[0] + 1
 
 

@@ -12,6 +12,7 @@ import re
 import struct
 import uuid
 import zlib
+from typing import Any
 
 import lance
 import pyarrow as pa
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lance.mem_wal import LsmScanner, ShardSnapshot
+from support.optional import not_none
 from support.reference import stored_rows
 from support.wal_oracle import unchecked
 
@@ -72,7 +74,7 @@ def sample_batches(schema: pa.Schema = SCHEMA) -> list[pa.RecordBatch]:
     """Three batches (puts with NULLs, a tombstone, more puts) of every column kind."""
 
     def put(ids: list[int]) -> pa.RecordBatch:
-        columns = {
+        columns: dict[str, list[Any]] = {
             "id": ids,
             "name": [None if i % 3 == 0 else f"name-{i}" for i in ids],
             "score": [None if i % 4 == 0 else i * 1.25 for i in ids],
@@ -134,7 +136,7 @@ def checksum_digits(data: bytes) -> tuple[int, bytes]:
 def batch_message_metadata(data: bytes) -> list[dict[bytes, bytes] | None]:
     """The custom metadata of each batch message of an entry."""
     reader = ipc.open_stream(data)
-    found = []
+    found: list[dict[bytes, bytes] | None] = []
     while True:
         try:
             custom = reader.read_next_batch_with_custom_metadata().custom_metadata
@@ -350,13 +352,13 @@ def test_lance_replays_entries_that_carry_checksums(tmp_path) -> None:
     rw.abort()
     wal = Wal(table.storage, region_id)
     positions = range(1, wal.last_position(1) + 1)
-    kinds = [wal.read(p).is_sentinel for p in positions]
+    kinds = [not_none(wal.read(p)).is_sentinel for p in positions]
     assert kinds == [False, True, False, False]
     for p in positions:
         assert last_message_metadata(table.storage.get(wal.path(p)))[CHECKSUM_KEY].isdigit()
 
     lance.dataset(table.uri).mem_wal_writer(str(region_id)).close()  # claim, replay, flush
-    m = RegionManifestStore(table.storage, region_id).latest()
+    m = not_none(RegionManifestStore(table.storage, region_id).latest())
     assert m.replay_after_wal_entry_position >= len(kinds) + 1  # ours, then Lance's sentinel
     snapshot = ShardSnapshot(str(region_id)).with_spec_id(m.shard_spec_id)
     snapshot = snapshot.with_current_generation(m.current_generation)
@@ -424,7 +426,11 @@ def test_a_flipped_value_makes_the_region_corrupt_until_repaired(tmp_path, capsy
     assert code == Exit.FAILED and listed["path"] == path
     with pytest.raises(errors.CorruptRegionsError) as e:
         table.recover()
-    assert e.value.errors[region_id].path == path
+    error = e.value.errors[region_id]
+    assert isinstance(
+        error, errors.CorruptWalEntryError | errors.CorruptManifestError | errors.CorruptGenerationError
+    )
+    assert error.path == path
 
     plan = table.repair_region(region_id)
     assert plan.trailing and [x.position for x in plan.entries] == [position]
@@ -432,7 +438,7 @@ def test_a_flipped_value_makes_the_region_corrupt_until_repaired(tmp_path, capsy
     assert code == Exit.OK, capsys.readouterr()
     (moved,) = [p for p in table.storage.list(layout.region_dir(region_id)) if "/quarantine/" in p]
     assert table.storage.get(moved) == flipped
-    assert Wal(table.storage, region_id).read(position).is_sentinel
+    assert not_none(Wal(table.storage, region_id).read(position)).is_sentinel
     assert table.status()["corrupt_regions"] == []
     assert table.recover() == [region_id]
     rows = stored_rows(table)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from typing import Any
 
 import lance
 import pyarrow as pa
 import pytest
+from support.optional import not_none
 from support.reference import stored_rows
 
 import memwal_df as mw
@@ -73,10 +75,10 @@ def test_rows_land_in_their_bucket_region(table):
     with table.writer() as w:
         w.put(rows(range(100)))
     for st in table.status()["regions"]:
-        m = RegionManifestStore(table.storage, st.region_id).latest()
+        m = not_none(RegionManifestStore(table.storage, st.region_id).latest())
         uri = table.storage.child_uri(layout.generation_path(st.region_id, m.sstables[0].path))
         ids = lance.dataset(uri, storage_options=table.storage_options or None).to_table()["id"]
-        values = table.spec.evaluate(pa.table({"id": ids}), table.schema.field_ids)[0]
+        values = not_none(table.spec).evaluate(pa.table({"id": ids}), table.schema.field_ids)[0]
         assert set(values.to_pylist()) == {st.values[0]}
 
 
@@ -99,7 +101,7 @@ def test_replay_rebuilds_memtable_with_fence_sentinel(table):
     keys = [
         k
         for k in range(200)
-        if table.spec.evaluate(pa.table({"id": [k]}), table.schema.field_ids)[0][0].as_py() == 0
+        if not_none(table.spec).evaluate(pa.table({"id": [k]}), table.schema.field_ids)[0][0].as_py() == 0
     ]
     w = table.routed_writer((0,), mw.WriterConfig())
     w.put(rows(keys[:5]))
@@ -108,12 +110,12 @@ def test_replay_rebuilds_memtable_with_fence_sentinel(table):
     w2 = table.routed_writer((0,), mw.WriterConfig())
     assert w2.epoch == 2
     assert sorted(r["id"] for r in w2.memtables[-1].newest().to_pylist()) == sorted(keys[:8])
-    sentinel = Wal(table.storage, rid).read(3)
+    sentinel = not_none(Wal(table.storage, rid).read(3))
     assert sentinel.is_sentinel and sentinel.writer_epoch == 2
-    m = RegionManifestStore(table.storage, rid).latest()
+    m = not_none(RegionManifestStore(table.storage, rid).latest())
     assert (m.version, m.writer_epoch, m.wal_entry_position_last_seen) == (3, 2, 3)
     w2.close()
-    assert RegionManifestStore(table.storage, rid).latest().replay_after_wal_entry_position == 3
+    assert not_none(RegionManifestStore(table.storage, rid).latest()).replay_after_wal_entry_position == 3
 
 
 def test_fenced_writer_fails_and_new_writer_keeps_its_entries(manual_table):
@@ -166,10 +168,10 @@ def test_sealed_non_durable_writes_are_made_durable_by_their_generation(manual_t
     w.put(rows([1, 2, 3, 4]))  # seals generation 1 before its WAL entry was due
     w.put(rows([5], "b"))  # due after 10 ms, but generation 1 is not committed for 0.5 s
     time.sleep(0.2)
-    assert wal.read(1) is None and not store.latest().sstables
+    assert wal.read(1) is None and not not_none(store.latest()).sstables
     entry = _wait_for_entry(wal, 1)
     assert [r["id"] for b in entry.batches for r in b.to_pylist()] == [5]
-    assert [s.generation for s in store.latest().sstables] == [1]  # committed before the entry
+    assert [s.generation for s in not_none(store.latest()).sstables] == [1]  # committed before the entry
     assert plan.injected["delay"] == 1
     w.abort()  # a crash: generation 1 and the WAL entry after it are all there is
     assert manual_table.recover() == [rid]  # replays entry 1 into generation 2
@@ -190,7 +192,7 @@ def test_memtable_flushes_by_row_threshold(manual_table):
     with manual_table.region_writer(rid, max_memtable_rows=10) as w:
         for i in range(5):
             w.put(rows(range(i * 10, i * 10 + 10)))
-    m = RegionManifestStore(manual_table.storage, rid).latest()
+    m = not_none(RegionManifestStore(manual_table.storage, rid).latest())
     assert [s.generation for s in m.sstables] == [1, 2, 3, 4, 5]
     assert m.current_generation == 6
 
@@ -218,7 +220,7 @@ def test_bad_input_is_rejected_and_table_intact(table, bad, error):
 
 def test_key_routed_to_the_wrong_region_is_rejected(table):
     w = table.routed_writer((1,), mw.WriterConfig())
-    (buckets,) = table.spec.evaluate(rows(range(50)), table.schema.field_ids)
+    (buckets,) = not_none(table.spec).evaluate(rows(range(50)), table.schema.field_ids)
     mine = [k for k, b in enumerate(buckets.to_pylist()) if b == 1]
     other = next(k for k, b in enumerate(buckets.to_pylist()) if b != 1)
     with pytest.raises(errors.RegionRoutingError, match=rf"^row {other} belongs to region value"):
@@ -286,10 +288,10 @@ def test_backpressure_blocks_then_times_out_with_a_clear_error(manual_table, mon
     """Writes block while unflushed bytes exceed the limit and fail with a typed error after the timeout."""
     import threading
 
-    from memwal_df.write import flush
+    from memwal_df.write import flush, generation
 
     release = threading.Event()
-    real = flush.write_generation
+    real = generation.write_generation
 
     def slow_write_generation(*args, **kwargs):  # a stalled store: the flush cannot finish
         release.wait(30)
@@ -320,6 +322,7 @@ def test_fenced_non_durable_writer_reports_what_was_not_made_durable(manual_tabl
     b = manual_table.region_writer(rid)  # claims: A's buffered rows never reached the WAL
     with pytest.raises(errors.WriterFencedError) as e:
         a.flush()
+    assert isinstance(e.value.not_durable, pa.Table)
     assert sorted(e.value.not_durable.column("id").to_pylist()) == [1, 2]
     with pytest.raises(errors.WriterFencedError):
         a.put(rows([3]))
@@ -333,10 +336,11 @@ def test_fenced_non_durable_writer_reports_what_was_not_made_durable(manual_tabl
 
 
 def test_failed_generation_write_retries_in_a_new_directory(manual_table, monkeypatch):
+    from memwal_df.format.pk_index import write_pk_index
     from memwal_df.write import generation
 
     calls = {"n": 0}
-    real = generation.write_pk_index
+    real = write_pk_index
 
     def failing_once(*args, **kwargs):
         calls["n"] += 1
@@ -348,7 +352,7 @@ def test_failed_generation_write_retries_in_a_new_directory(manual_table, monkey
     rid = uuid.uuid4()
     with manual_table.region_writer(rid) as w:
         w.put(rows([40, 41]))
-    m = RegionManifestStore(manual_table.storage, rid).latest()
+    m = not_none(RegionManifestStore(manual_table.storage, rid).latest())
     assert [s.generation for s in m.sstables] == [1]
     dirs = [
         d
@@ -360,7 +364,7 @@ def test_failed_generation_write_retries_in_a_new_directory(manual_table, monkey
 
 
 def test_empty_writes_write_nothing(table):
-    (bucket,) = table.spec.evaluate(rows([9]), table.schema.field_ids)
+    (bucket,) = not_none(table.spec).evaluate(rows([9]), table.schema.field_ids)
     with table.region_writer(values=(bucket[0].as_py(),)) as w:
         w.put(rows([]))
         w.delete([])
@@ -378,7 +382,7 @@ def test_generation_files_are_durable_before_a_manifest_names_them(tmp_path, mon
     """pylance writes local files without fsync: the flush fsyncs every file and directory of the
     generation (and its entry in the region directory) before the manifest commit that lists it."""
     table = mw.create_table(str(tmp_path / "t"), rows([1]), "id", region_spec=mw.unsharded())
-    events: list[tuple[str, object]] = []
+    events: list[tuple[str, Any]] = []
     real_fsync, real_commit = os.fsync, RegionManifestStore.commit
 
     def fsync(fd: int) -> None:
@@ -407,7 +411,7 @@ def visible_rows(reader: mw.MemWalTable) -> dict:
 
 def keys_in_two_regions(table: mw.Table) -> tuple[int, int]:
     """Two keys that the table's spec routes to different regions."""
-    (buckets,) = table.spec.evaluate(rows(range(100, 140)), table.schema.field_ids)
+    (buckets,) = not_none(table.spec).evaluate(rows(range(100, 140)), table.schema.field_ids)
     first = buckets[0].as_py()
     other = next(i for i, b in enumerate(buckets.to_pylist()) if b != first)
     return 100, 100 + other

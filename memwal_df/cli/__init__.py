@@ -1,19 +1,22 @@
 """The `memwal` command line: `memwal COMMAND --help` describes each command.
 
 Commands: create, ingest, delete, sql (a shell without a query), explain, status, merge, build-index,
-compact, gc, recover, repair, maintain, bench. Errors print one line on stderr and exit with a code of `Exit`
-(docs/operations.md): 2 bad arguments or data, 3 no such table or file, 4 lost a race or fenced
-(retry), 5 storage failure, 6 SQL error, 1 anything else; 130 on Ctrl-C.
+compact, gc, recover, repair, maintain, bench, serve. Errors print one line on stderr (with `--json`: the
+document `{"error": {"type": ..., "message": ...}}` on one line of stdout) and exit with a code of
+`Exit` (docs/operations.md): 2 bad arguments or data, 3 no such table or file, 4 lost a race or
+fenced (retry), 5 storage failure, 6 SQL error, 1 anything else; 130 on Ctrl-C (143: `ingest` / `delete`
+on SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
-from memwal_df.cli import bench, create, ingest, jobs, query, status
-from memwal_df.cli.common import Exit, exit_code
+from memwal_df.cli import bench, create, ingest, jobs, query, serve, status
+from memwal_df.cli.common import Exit, error_document, exit_code
 
 __all__ = ["Exit", "main", "parser"]
 
@@ -27,7 +30,7 @@ def parser(prog: str = "memwal") -> tuple[argparse.ArgumentParser, dict[str, arg
     )
     p.add_argument("--traceback", action="store_true", help="on an error, print the full traceback")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (create, ingest, query, status, jobs, bench):
+    for module in (create, ingest, query, status, jobs, bench, serve):
         module.register(sub)
     return p, sub.choices
 
@@ -54,6 +57,9 @@ def main(argv: list[str] | None = None, prog: str = "memwal") -> int:
     except Exception as e:  # noqa: BLE001 - every error becomes a message and an exit code
         if args.traceback:
             raise
+        if getattr(args, "json", False):
+            print(json.dumps(error_document(e)), flush=True)
+            return int(exit_code(e))
         notes = "".join(f"\n  {n}" for n in getattr(e, "__notes__", ()))
         print(f"{prog} {args.command}: error: {type(e).__name__}: {e}{notes}", file=sys.stderr)
         return int(exit_code(e))

@@ -30,10 +30,26 @@ class Exit(enum.IntEnum):
     STORAGE = 5  # the object store or file system failed
     SQL = 6  # DataFusion rejected or failed the SQL
     INTERRUPTED = 130  # Ctrl-C
+    TERMINATED = 143  # SIGTERM (memwal ingest / delete)
 
 
 class SqlError(Exception):
-    """A query DataFusion rejected or failed (its message, without the Python traceback it wraps)."""
+    """A query DataFusion rejected or failed (its message, without the Python traceback it wraps).
+    `kind` names the memwal_df error it carries (`SqlError` for DataFusion's own errors), `message`
+    is that error's message; the text is `kind: message` for a memwal_df error."""
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(f"{kind}: {message}" if kind else message)
+        self.kind = kind or type(self).__name__
+        self.message = message
+
+
+def error_document(exc: BaseException) -> dict[str, Any]:
+    """The JSON document `--json` prints for a failed command: `{"error": {"type", "message"}}`."""
+    if isinstance(exc, SqlError):
+        return {"error": {"type": exc.kind, "message": exc.message}}
+    notes = "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))
+    return {"error": {"type": type(exc).__name__, "message": f"{exc}{notes}"}}
 
 
 # First match wins: subclasses before their bases.

@@ -2,10 +2,14 @@
 key, from files or `--keys`).
 
 Rows go through the table's routed writer (or one region's writer with `--region`) in batches of
-`--batch-size` rows; `close()` at the end makes every write durable and flushes the MemTables into
-generations, so readers of the durable levels see all of it when the command returns. On an error or
-Ctrl-C the writer is aborted: durable writes made so far stay in the WAL (the next writer of the
-region or `memwal recover` replays them); non-durable ones not yet in the WAL are lost.
+`--batch-size` rows, read by a background thread; `close()` at the end makes every write durable and
+flushes the MemTables into generations, so readers of the durable levels see all of it when the
+command returns. On an error, and on SIGINT (Ctrl-C) or SIGTERM, the command stops reading and closes
+the writer the same way, so every acknowledged row is visible; an interrupted run prints what it
+acknowledged and exits with 130 (SIGINT) or 143 (SIGTERM). A second signal abandons the flush. If the
+flush fails, the error says so: durable writes stay in the WAL, and the maintain loop's next round
+(the writer released its lease) or `memwal recover` makes them visible; non-durable ones not yet in
+the WAL are lost.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ import argparse
 import functools
 import itertools
 import operator
+import queue
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,21 +143,31 @@ def _run(args: argparse.Namespace, files: list[Path | str]) -> int:
     pk = table.schema.primary_key
     reader = MemWalTable(table) if args.delete else None
     existing: list[pa.Table] = []  # the given keys the table held, looked up before their delete
-    with writer:
-        for batch in itertools.chain.from_iterable(sources):
-            if reader is not None:
-                keys = _keys_of(batch, pk)
-                existing.append(_existing(reader, keys, table.schema))
-                writer.delete(keys)
-            else:
-                writer.put(batch, partial=partial)
-            progress.update(batch.num_rows)
-        put_s = time.perf_counter() - t0
+    written = False
+    with _Signals() as signals:
+        try:
+            with writer:
+                for batch in _prefetched(itertools.chain.from_iterable(sources), signals.received):
+                    if reader is not None:
+                        keys = _keys_of(batch, pk)
+                        existing.append(_existing(reader, keys, table.schema))
+                        writer.delete(keys)
+                    else:
+                        writer.put(batch, partial=partial)
+                    progress.update(batch.num_rows)
+                put_s = time.perf_counter() - t0
+                written = True
+        except BaseException as e:
+            progress.close()
+            if written:  # closing (the flush) failed: say where the acknowledged rows are
+                e.add_note(_not_flushed(progress.done, writer.config.durable_write))
+            raise
     progress.close()
     total_s = time.perf_counter() - t0
     info = {
         "operation": "delete" if args.delete else "partial upsert" if partial else "upsert",
         "files": [str(f) for f in files],
+        "interrupted": signals.name,
         "rows": progress.done,
         **({"keys_existed": _distinct(existing, pk)} if args.delete else {}),
         "regions": _regions(writer),
@@ -159,7 +176,92 @@ def _run(args: argparse.Namespace, files: list[Path | str]) -> int:
         "rows_per_s": round(progress.done / total_s) if total_s else None,
     }
     c.emit(args, info, lambda: _text(info))
+    if signals.name is not None:
+        return c.Exit.INTERRUPTED if signals.name == "SIGINT" else c.Exit.TERMINATED
     return c.Exit.OK
+
+
+class _Signals:
+    """SIGINT and SIGTERM while rows are written: the first one is recorded (`received()` turns
+    true, the reading stops), so the writer is closed and everything acknowledged made visible; a
+    second one raises KeyboardInterrupt, abandoning the flush. Installed in the main thread only."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.name is not None:
+            raise KeyboardInterrupt
+        self.name = signal.Signals(signum).name
+        print(f"{self.name}: stopping; flushing what was written (again: abandon it)", file=sys.stderr)
+
+    def received(self) -> bool:
+        return self.name is not None
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _prefetched(batches: Iterable[pa.RecordBatch], stop: Callable[[], bool]) -> Iterator[pa.RecordBatch]:
+    """`batches`, read ahead by a daemon thread (a read of standard input may block for as long as
+    the input stays quiet), until `stop()` turns true; an error of the reading is raised here."""
+    items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=2)
+    done = threading.Event()
+
+    def offer(item: tuple[str, Any]) -> bool:
+        while not done.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                if not offer(("batch", batch)):
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the writing thread
+            offer(("error", e))
+        else:
+            offer(("end", None))
+
+    threading.Thread(target=read, name="memwal-ingest-read", daemon=True).start()
+    try:
+        while not stop():
+            try:
+                kind, item = items.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        done.set()
+
+
+def _not_flushed(rows: int, durable: bool) -> str:
+    """What became of `rows` acknowledged rows when the writer's final flush failed."""
+    where = (
+        "are durable in the WAL"
+        if durable
+        else "are durable in the WAL as far as their entries were written (non-durable: the rest is lost)"
+    )
+    return (
+        f"the {rows:,} rows acknowledged before {where} but not visible yet: the next round of "
+        "`memwal maintain` (the writer released its lease) or `memwal recover URI` makes them visible"
+    )
 
 
 def _existing(reader: MemWalTable, keys: pa.RecordBatch, ts: TableSchema) -> pa.Table:
@@ -220,6 +322,13 @@ def _keys_batch(table: Table, keys: str) -> pa.RecordBatch:
 
 
 def _text(info: dict[str, Any]) -> str:
+    if info["interrupted"]:
+        done = _done_text(info)
+        return f"interrupted by {info['interrupted']}: {done}; every acknowledged write is durable, visible"
+    return _done_text(info)
+
+
+def _done_text(info: dict[str, Any]) -> str:
     if info["operation"] == "delete":
         what = f"deleted {c.count(info['rows'], 'key')} ({info['keys_existed']:,} existed)"
     else:

@@ -7,6 +7,7 @@ so `vector_search`, `fts`, `memwal_explain` and `memwal_explain_search` work in 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import signal
 import sys
@@ -20,8 +21,8 @@ from memwal_df import errors
 from memwal_df.cli import common as c
 from memwal_df.errors import InvalidArgumentError
 from memwal_df.read.dataset import MemWalTable
+from memwal_df.read.expr.sql_text import parse_filter
 from memwal_df.read.sql import register as register_functions
-from memwal_df.read.sqlexpr import parse_filter
 from memwal_df.table import open_table
 
 CONSISTENCY = ("latest", "snapshot")
@@ -99,19 +100,20 @@ def run_query(ctx: Any, sql: str) -> pa.Table:
     try:
         return ctx.sql(sql).to_arrow_table()
     except Exception as e:  # noqa: BLE001 - DataFusion raises plain ValueError/Exception
-        raise c.SqlError(sql_message(e)) from e
+        raise sql_error(e) from e
 
 
-def sql_message(e: BaseException) -> str:
-    """DataFusion's message, with a wrapped Python error shown as `Type: message`."""
+def sql_error(e: BaseException) -> c.SqlError:
+    """DataFusion's error as a `SqlError`: the memwal_df error it carries with its type and message,
+    a wrapped Python error as `Type: message`, else DataFusion's first line."""
     typed = errors.unwrap(e)
     if typed is not e:
-        return f"{type(typed).__name__}: {typed}"
+        return c.SqlError(str(typed), type(typed).__name__)
     text = str(e)
     m = re.search(r"PyErr \{ type: <class '([\w.]+)'>, value: \w+\((.*?)\), traceback", text, flags=re.S)
     if m:
-        return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip(chr(34) + chr(39))}"
-    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        return c.SqlError(m.group(2).strip(chr(34) + chr(39)), m.group(1).rsplit(".", 1)[-1])
+    return c.SqlError(text.strip().splitlines()[0] if text.strip() else type(e).__name__)
 
 
 def render(result: pa.Table, max_rows: int) -> str:
@@ -124,9 +126,10 @@ def render(result: pa.Table, max_rows: int) -> str:
 
 
 def print_result(args: argparse.Namespace, result: pa.Table) -> None:
-    """The rows as JSON with `--json` (all of them), else as a text table of `--max-rows` rows."""
+    """The rows with `--json` as one JSON document on one line (a list of row objects, all of them),
+    else as a text table of `--max-rows` rows."""
     if args.json:
-        c.emit(args, result.to_pylist(), str)
+        print(json.dumps(c.plain(result.to_pylist())), flush=True)
     else:
         print(render(result, args.max_rows))
 
@@ -172,7 +175,9 @@ class Shell:
     unfinished statement. On a terminal, Ctrl-C cancels the running statement, or drops the
     statement being typed, and returns to the prompt; Ctrl-D (end of input) or `\\q` quits. Without a
     terminal (a script on stdin) Ctrl-C ends the shell with exit code 130. The exit code is 6 when
-    any statement or command failed."""
+    any statement or command failed. With `--json`, stdout holds JSON lines: one document per
+    statement (its rows, or `{"error": {...}}`) and per `\\d` (the table names); other messages go
+    to stderr."""
 
     HELP = (
         "statements end with ';' and may span lines\n"
@@ -240,7 +245,7 @@ class Shell:
         if word in ("\\q", "\\quit"):
             return False
         if word == "\\d" and not arg:
-            print("\n".join(self.tables()))
+            print(json.dumps(self.tables()) if self.args.json else "\n".join(self.tables()))
         elif word == "\\d" and arg.strip() in self.tables():
             self.execute(
                 "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
@@ -248,12 +253,11 @@ class Shell:
             )
         elif word == "\\timing":
             self.timing = not self.timing
-            print(f"timing {'on' if self.timing else 'off'}")
+            self._note(f"timing {'on' if self.timing else 'off'}")
         elif word in ("\\?", "\\h", "\\help"):
-            print(self.HELP)
+            self._note(self.HELP)
         else:
-            print(f"unknown command or table: {cmd}; \\? for help", file=sys.stderr)
-            self.failed = True
+            self._fail(c.SqlError(f"unknown command or table: {cmd}; \\? for help"))
         return True
 
     def execute(self, sql: str) -> None:
@@ -264,9 +268,20 @@ class Shell:
         try:
             result = run_query(self.ctx, sql)
         except c.SqlError as e:
-            print(f"error: {e}", file=sys.stderr)
-            self.failed = True
+            self._fail(e)
             return
         print_result(self.args, result)
         if self.timing:
-            print(f"time: {(time.perf_counter() - t0) * 1e3:.1f} ms")
+            self._note(f"time: {(time.perf_counter() - t0) * 1e3:.1f} ms")
+
+    def _note(self, text: str) -> None:
+        """A message that is no result: on stdout, or on stderr with `--json`."""
+        print(text, file=sys.stderr if self.args.json else sys.stdout)
+
+    def _fail(self, e: c.SqlError) -> None:
+        """A failed statement or command: `error: ...` on stderr, or its JSON document on stdout."""
+        if self.args.json:
+            print(json.dumps(c.error_document(e)), flush=True)
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        self.failed = True

@@ -426,7 +426,7 @@ class BloomFilter:
         return cls()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> BloomFilter:
+    def from_bytes(cls, data: bytes | bytearray) -> BloomFilter:
         """Load a ``bloom_filter.bin`` image; ValueError unless it is exactly `NUM_BYTES` long."""
         view = memoryview(data).cast("B")
         if view.nbytes != cls.NUM_BYTES:

@@ -58,12 +58,14 @@ class ChangeOffsets:
         return self.regions.get(region_id, FIRST)
 
     def to_dict(self) -> dict[str, dict[str, int]]:
+        """Region id (text) -> {"generation": g, "position": p}, the form `parse` takes back."""
         return {
             str(r): {"generation": g, "position": p}
             for r, (g, p) in sorted(self.regions.items(), key=lambda item: str(item[0]))
         }
 
     def to_json(self) -> str:
+        """`to_dict()` as compact JSON text, which `parse` also takes."""
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod

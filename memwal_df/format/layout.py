@@ -9,6 +9,7 @@ _mem_wal/{region_uuid}/{hex8}_gen_{g}/_memwal_checksums.json  its files' sizes a
 _mem_wal/{region_uuid}/quarantine/                            files a repair set aside
 _mem_wal/_entry_lease/{epoch:020}.json                        MemWAL index-entry writer lease
 _mem_wal/_write_leases/{job}/{region_uuid}/{epoch:020}.json   a Spark write job's region leases
+_mem_wal/_writer_leases/{region_uuid}/{epoch:020}.json       the lease of a region's writer
 _mem_wal/_streams/{query_uuid}/{batch:020}.json               a committed micro-batch of a Spark stream
 _mem_wal/_consumers/{consumer_id}.json                        a change-feed consumer's offsets
 ```
@@ -27,6 +28,7 @@ MEM_WAL_DIR = "_mem_wal"
 NOT_BASE = (MEM_WAL_DIR,)  # top-level entries of a table's directory that are not the base table's
 ENTRY_LEASE_DIR = f"{MEM_WAL_DIR}/_entry_lease"  # not a region: region_ids() skips non-UUID names
 WRITE_LEASE_DIR = f"{MEM_WAL_DIR}/_write_leases"  # (neither)
+WRITER_LEASE_DIR = f"{MEM_WAL_DIR}/_writer_leases"  # (neither)
 STREAMS_DIR = f"{MEM_WAL_DIR}/_streams"  # (neither)
 CONSUMER_DIR = f"{MEM_WAL_DIR}/_consumers"  # (neither)
 MANIFEST_DIR = "manifest"
@@ -81,6 +83,11 @@ def write_lease_dir(job: str, region_id: uuid.UUID | str | None = None) -> str:
     """The lease directory of `region_id` in write job `job` (without a region: the job's)."""
     job_dir = f"{WRITE_LEASE_DIR}/{job}"
     return job_dir if region_id is None else f"{job_dir}/{uuid.UUID(str(region_id))}"
+
+
+def writer_lease_dir(region_id: uuid.UUID | str) -> str:
+    """The lease directory of the writer of `region_id` (`memwal_df.write.writer_lease`)."""
+    return f"{WRITER_LEASE_DIR}/{uuid.UUID(str(region_id))}"
 
 
 def stream_dir(query: uuid.UUID | str) -> str:

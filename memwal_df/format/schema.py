@@ -49,17 +49,23 @@ class TableSchema:
 
     @property
     def key_schema(self) -> pa.Schema:
+        """The primary-key columns, in key order."""
         return pa.schema([self.schema.field(n) for n in self.primary_key])
 
 
 def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
-    """Types between which a safe cast preserves meaning (widening numbers, string/binary flavours)."""
+    """Whether input of type `src` may be written to a column of type `dst` (docs/writing.md, "Types"):
+    decided by the types alone, never by the values. Integers of any width go to integer or float
+    columns, floats to float columns (never to integer ones, not even 4.0), string and binary flavours
+    to their own kind, dates to dates and timestamps, lists to lists whose values are compatible.
+    The values are then converted by a safe cast, which refuses a value out of the column's range."""
     if src == dst:
         return True
     if _is_list(src) and _is_list(dst):  # list flavours, if their values are compatible
         return _compatible(src.value_type, dst.value_type)
     groups = (
-        lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+        pa.types.is_integer,
+        pa.types.is_floating,
         lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
         lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t),
         pa.types.is_timestamp,
@@ -72,7 +78,19 @@ def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
         # a date widens to a timestamp; the reverse would drop the time of day (Arrow's safe cast
         # does not check that)
         or (pa.types.is_date(src) and pa.types.is_timestamp(dst))
+        or (pa.types.is_integer(src) and pa.types.is_floating(dst))
     )
+
+
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    return _leaf_type(t.value_type) if _is_list(t) else t
+
+
+def _leaves(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The values of `col`, of lists flattened down to non-list values."""
+    while _is_list(col.type):
+        col = pc.list_flatten(col)
+    return col
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -170,13 +188,36 @@ def _convert(col: pa.ChunkedArray, f: pa.Field) -> pa.ChunkedArray:
     if col.type == f.type:
         return col
     if not _compatible(col.type, f.type):
-        raise SchemaMismatchError(f"column {f.name!r} has type {col.type}, the table has {f.type}")
+        src, dst = _leaf_type(col.type), _leaf_type(f.type)
+        why = (
+            ": floating-point values are never converted to integers"
+            if pa.types.is_floating(src) and pa.types.is_integer(dst)
+            else ""
+        )
+        raise SchemaMismatchError(f"column {f.name!r} has type {col.type}, the table has {f.type}{why}")
     if pa.types.is_fixed_size_list(f.type) and _is_list(col.type):  # (not a column of NULLs)
         _check_dimension(col, f)
     try:
-        return col.cast(f.type, safe=True)
+        out = col.cast(f.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-        raise SchemaMismatchError(f"column {f.name!r} cannot be converted to {f.type}: {e}") from e
+        raise SchemaMismatchError(
+            f"column {f.name!r} of type {col.type} cannot be converted to the table's {f.type}: {e}"
+        ) from e
+    src_leaf, dst_leaf = _leaf_type(col.type), _leaf_type(f.type)
+    if pa.types.is_floating(src_leaf) and dst_leaf.bit_width < src_leaf.bit_width:
+        # a safe cast turns a float beyond the narrower type's range into infinity
+        before, after = (pc.sum(pc.is_inf(_leaves(c))).as_py() or 0 for c in (col, out))
+        if after != before:
+            raise SchemaMismatchError(
+                f"column {f.name!r} of type {col.type} has values out of the range of the table's {f.type}"
+            )
+    return out
+
+
+def convert_values(values: pa.Array | pa.ChunkedArray, f: pa.Field) -> pa.ChunkedArray:
+    """`values` as the type of column `f` under the rules of `conform` (`SchemaMismatchError`)."""
+    col = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values])
+    return _convert(col, f)
 
 
 def _check_dimension(col: pa.ChunkedArray, f: pa.Field) -> None:

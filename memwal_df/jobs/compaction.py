@@ -135,6 +135,7 @@ class CompactionResult:
 
     @property
     def compacted(self) -> bool:
+        """Whether any fragment was rewritten."""
         return self.fragments_removed > 0
 
 

@@ -135,6 +135,7 @@ class GcResult:
 
     @property
     def generations(self) -> dict[uuid.UUID, tuple[int, ...]]:
+        """Region -> the merged generations this call removed (regions with none left out)."""
         return {r.region_id: r.generations for r in self.regions if r.generations}
 
     @property
@@ -369,6 +370,7 @@ def _temp_files(storage: Storage, regions: list[uuid.UUID], min_age: timedelta, 
         directories += [
             f"{layout.region_dir(r)}/{layout.MANIFEST_DIR}",
             f"{layout.region_dir(r)}/{layout.WAL_DIR}",
+            layout.writer_lease_dir(r),
         ]
     directories += [layout.stream_dir(q) for q in stream_commits.queries(storage)]
     for group in storage.list_dir(layout.WRITE_LEASE_DIR):

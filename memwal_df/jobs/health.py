@@ -57,6 +57,7 @@ class JobError:
 
     @property
     def resolved(self) -> bool:
+        """Whether the job succeeded since this failure."""
         return self.resolved_at is not None
 
 

@@ -37,7 +37,7 @@ from memwal_df.format import layout, memwal_index
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.jobs import index_upkeep, merger
 from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
-from memwal_df.read.cache import described_indices
+from memwal_df.read.lsm.cache import described_indices
 
 if TYPE_CHECKING:
     from memwal_df.format.storage import Storage
@@ -69,6 +69,7 @@ class CatchUpResult:
 
     @property
     def caught_up(self) -> dict[str, dict[uuid.UUID, int]]:
+        """Index name -> region -> the catch-up recorded for it afterwards."""
         return {i.name: i.caught_up for i in self.indexes}
 
 

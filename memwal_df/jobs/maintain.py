@@ -1,8 +1,11 @@
-"""The background-job loop: merge, MemWAL index build, base index catch-up (with index upkeep), base
-compaction, base version cleanup and GC, round after round.
+"""The background-job loop: recovery of regions whose writer is gone, merge, MemWAL index build, base
+index catch-up (with index upkeep), base compaction, base version cleanup and GC, round after round.
 
 `maintain(table, interval=...)` runs the jobs in that order every `interval` seconds until `stop` is
-set or `max_rounds` rounds ran. Compaction runs after catch-up so that the fragments it rewrites are
+set or `max_rounds` rounds ran. The `recover` job (`memwal_df.jobs.region_recovery`) replays the WAL of
+each region whose writer lease expired or was released into a generation (never one with a live
+writer), so the writes a crashed writer acknowledged become visible, and the merge of the same round
+merges them. Compaction runs after catch-up so that the fragments it rewrites are
 indexed alike (Lance compacts fragments of the same index coverage only) and before version cleanup,
 which then frees the files it replaced. Version cleanup is the table's time-travel retention: base versions
 older than `version_retention` go, except the newest `keep_versions` and tagged ones (Lance's
@@ -35,7 +38,15 @@ from lance import CleanupStats
 
 from memwal_df.errors import CommitConflictError, CorruptRegionsError, InvalidConfigError
 from memwal_df.format import layout
-from memwal_df.jobs import compaction, garbage, health, index_builder, index_catchup, merger
+from memwal_df.jobs import (
+    compaction,
+    garbage,
+    health,
+    index_builder,
+    index_catchup,
+    merger,
+    region_recovery,
+)
 from memwal_df.jobs.compaction import CompactionSettings
 from memwal_df.jobs.index_upkeep import IndexUpkeepSettings
 
@@ -86,6 +97,7 @@ def maintain(
         raise InvalidConfigError(f"keep_versions must be >= 1, got {keep_versions}")
     stop = stop or threading.Event()
     jobs: dict[str, Callable[[], Any]] = {
+        "recover": lambda: region_recovery.recover_abandoned(table),
         "merge": lambda: merger.merge(table),
         "build_index": lambda: index_builder.build_index(table),
         "catch_up_indexes": lambda: index_catchup.catch_up_indexes(table, upkeep=index_upkeep),
@@ -157,7 +169,7 @@ def run_round(number: int, jobs: dict[str, Callable[[], Any]]) -> Round:
 
 
 def _summary(result: Any) -> str:
-    for attr in ("generations", "caught_up", "compacted", "removed", "version"):
+    for attr in ("recovered", "generations", "caught_up", "compacted", "removed", "version"):
         if hasattr(result, attr):
             return f"{attr}={getattr(result, attr)}"
     return repr(result)

@@ -69,8 +69,8 @@ from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.jobs.repair import each_region
-from memwal_df.read.cache import described_indices
-from memwal_df.read.keys import last_per_key
+from memwal_df.read.lsm.cache import described_indices
+from memwal_df.read.lsm.keys import last_per_key
 
 if TYPE_CHECKING:
     from memwal_df.format.table_handle import TableHandle

@@ -55,7 +55,7 @@ from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
-from memwal_df.read.keys import last_per_key
+from memwal_df.read.lsm.keys import last_per_key
 
 CHANGE_TYPE, REGION, GENERATION, POSITION = "_change_type", "_region", "_generation", "_position"
 CHANGE_COLUMNS = (CHANGE_TYPE, REGION, GENERATION, POSITION)
@@ -350,6 +350,7 @@ class ChangeFeed:
 
     @property
     def offsets(self) -> ChangeOffsets:
+        """Where the batches yielded so far end (`end` once all were): the `since` to resume from."""
         return ChangeOffsets(dict(self._at))
 
     def read_all(self) -> pa.Table:

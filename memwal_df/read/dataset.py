@@ -21,15 +21,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
+from memwal_df.errors import raised_into_sql
+from memwal_df.format.regions.spec import RegionSpec
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.read.exec.base import ExecNode
 from memwal_df.read.exec.filter import FilterExec
 from memwal_df.read.exec.union import UnionExec
-from memwal_df.read.expression_tree import Call, Field, Literal, Node, decode
-from memwal_df.read.lookup_planner import plan_point_lookup
-from memwal_df.read.predicate import check_filter, column_predicates, key_lookups, referenced_columns
-from memwal_df.read.scan_planner import Partition, plan_scan
-from memwal_df.read.snapshot import check_consistency, take_snapshot
+from memwal_df.read.expr.expression_tree import Call, Field, Literal, Node, decode
+from memwal_df.read.expr.predicate import check_filter, column_predicates, key_lookups, referenced_columns
+from memwal_df.read.lookup.planner import plan_point_lookup
+from memwal_df.read.lsm.snapshot import ReadSnapshot, check_consistency, take_snapshot
+from memwal_df.read.scan.planner import Partition, plan_scan
 
 if TYPE_CHECKING:
     from memwal_df.write.region_writer import RegionWriter
@@ -110,6 +112,11 @@ class _Scanner:
         self._batches = batches
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
+        """The rows, for DataFusion (`errors.raised_into_sql`)."""
+        with raised_into_sql():
+            yield from self.rows()
+
+    def rows(self) -> Iterator[pa.RecordBatch]:
         if self._batches is None:
             raise RuntimeError("a planning scanner holds no data: scan the fragments")
         for b in self._batches:
@@ -137,6 +144,12 @@ class MemWalFragment:
         batch_size: int | None = None,
         **_: Any,
     ) -> _Scanner:
+        """The partition's scanner, for DataFusion (`errors.raised_into_sql`)."""
+        with raised_into_sql():
+            return self.open(columns)
+
+    def open(self, columns: Sequence[str] | None = None) -> _Scanner:
+        """The scanner of the partition's rows (the projection `columns`, default every column)."""
         projected = self._owner._projected(columns)
         node = self.partition.make(projected.names)
         return _Scanner(projected, node.execute())
@@ -170,6 +183,16 @@ class MemWalTable(pds.Dataset):
     def schema(self) -> pa.Schema:
         return self._schema
 
+    @property
+    def specs(self) -> dict[int, RegionSpec]:
+        """The table's region specs by spec id."""
+        return self.table.specs
+
+    def read_snapshot(self) -> ReadSnapshot:
+        """Every level a query of this table reads now: its consistency mode, plus the writer's
+        MemTables."""
+        return take_snapshot(self.table, self.consistency, self.writer)
+
     def _check(self, filter: Any) -> None:
         """A filter given through the Python API (DataFusion checks its own before pushing them)."""
         if isinstance(filter, pc.Expression):
@@ -185,8 +208,10 @@ class MemWalTable(pds.Dataset):
         return _Scanner(self._projected(columns), None)
 
     def get_fragments(self, filter: Any = None) -> list[MemWalFragment]:
-        """Take the query's snapshot and plan it: one fragment per partition."""
-        return [MemWalFragment(self, p) for p in self._plan(filter)]
+        """Take the query's snapshot and plan it: one fragment per partition. For DataFusion: a
+        memwal_df error is raised as `errors.raised_into_sql` gives it; `to_table` raises it as it is."""
+        with raised_into_sql():
+            return [MemWalFragment(self, p) for p in self._plan(filter)]
 
     def _plan(self, filter: Any) -> list[Partition]:
         """Point lookup when the filter pins the primary key to a finite set, else a scan."""
@@ -196,11 +221,10 @@ class MemWalTable(pds.Dataset):
             else:
                 return [Partition("no rows (the filter is never true)", lambda cols: UnionExec([]))]
         ts = self.table.schema
-        node = _decoded(filter, ts.key_schema)
+        node = _decoded(filter, ts.key_schema)  # decoded once: the tree is handed on below
         keys = key_lookups(node, ts.primary_key)
         if keys is None:
-            snapshot = take_snapshot(self.table, self.consistency, self.writer)
-            return plan_scan(snapshot, self.table.specs, filter, column_predicates(filter))
+            return plan_scan(self.read_snapshot(), self.specs, filter, column_predicates(node))
         snapshot = take_snapshot(
             self.table,
             self.consistency,
@@ -218,7 +242,7 @@ class MemWalTable(pds.Dataset):
                 return plan_point_lookup(snapshot, spec, field_ids, key_table, columns)
 
             return [Partition(f"point lookup of {len(keys)} keys", lookup)]
-        needed = sorted(referenced_columns(filter))
+        needed = sorted(referenced_columns(node))
 
         def make(columns: Sequence[str]) -> ExecNode:
             read = list(dict.fromkeys([*columns, *needed]))
@@ -242,9 +266,5 @@ class MemWalTable(pds.Dataset):
         that is not a condition on the table's rows (an unknown column, a value of another type)."""
         self._check(filter)
         projected = self._projected(columns)
-        batches = [
-            b
-            for f in self.get_fragments(filter)
-            for b in f.scanner(columns=columns, filter=filter).to_batches()
-        ]
+        batches = [b for p in self._plan(filter) for b in MemWalFragment(self, p).open(columns).rows()]
         return pa.Table.from_batches(batches, schema=projected)

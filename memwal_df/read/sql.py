@@ -23,6 +23,8 @@ and are ordinary relations: they can be filtered, joined and ordered.
 Errors: DataFusion hands an exception raised inside SQL (in a table function or a scan) to Python as
 a plain error whose text names the original; `query(ctx, sql)` runs a query and raises the
 memwal_df error with its own type (`memwal_df.errors.unwrap` does it for an error already caught).
+`register` wraps the context's `sql` so that the error of a table function starts with a line of
+its own (`errors.sql_error`); a scan raises its errors as `errors.raised_into_sql` gives them.
 
 See docs/search.md.
 """
@@ -37,12 +39,12 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 from datafusion import Expr, Table, udtf
 
-from memwal_df.errors import InvalidConfigError, TableNotRegisteredError, unwrap
+from memwal_df.errors import InvalidConfigError, TableNotRegisteredError, sql_error, unwrap
 from memwal_df.pools import shared_pool
 from memwal_df.read.dataset import MemWalTable
 from memwal_df.read.exec.base import ExecNode
-from memwal_df.read.search import plan_fts, plan_vector_search
-from memwal_df.read.sqlexpr import parse_filter
+from memwal_df.read.expr.sql_text import parse_filter
+from memwal_df.read.search.planner import plan_fts, plan_vector_search
 
 _REGISTRY_ATTR = "_memwal_tables"
 
@@ -53,7 +55,7 @@ def register(ctx: datafusion.SessionContext) -> datafusion.SessionContext:
         return ctx
     tables: dict[str, MemWalTable] = {}
     setattr(ctx, _REGISTRY_ATTR, tables)
-    register_table, deregister_table = ctx.register_table, ctx.deregister_table
+    register_table, deregister_table, sql = ctx.register_table, ctx.deregister_table, ctx.sql
 
     def register_table_and_remember(name: str, table: Any) -> None:
         register_table(name, table)
@@ -66,12 +68,22 @@ def register(ctx: datafusion.SessionContext) -> datafusion.SessionContext:
         deregister_table(name)
         tables.pop(name, None)
 
+    def sql_with_headline(query: str, *args: Any, **kwargs: Any) -> datafusion.DataFrame:
+        try:
+            return sql(query, *args, **kwargs)
+        except Exception as e:  # DataFusion raises plain ValueError / Exception
+            headed = sql_error(e)
+            if headed is e:
+                raise
+            raise headed from None  # (its text holds DataFusion's; `__cause__` is `e`)
+
     ctx.register_table = register_table_and_remember  # type: ignore[method-assign]
     ctx.deregister_table = deregister_table_and_forget  # type: ignore[method-assign]
-    ctx.register_udtf(udtf(lambda name, flt=None: _explain(tables, name, flt), "memwal_explain"))
+    ctx.sql = sql_with_headline  # type: ignore[method-assign]
+    ctx.register_udtf(udtf(lambda *args: _explain(tables, args), "memwal_explain"))
     ctx.register_udtf(udtf(lambda *args: _search(tables, "vector_search", args), "vector_search"))
     ctx.register_udtf(udtf(lambda *args: _search(tables, "fts", args), "fts"))
-    ctx.register_udtf(udtf(lambda kind, *args: _explain_search(tables, kind, args), "memwal_explain_search"))
+    ctx.register_udtf(udtf(lambda *args: _explain_search(tables, args), "memwal_explain_search"))
     return ctx
 
 
@@ -98,14 +110,28 @@ def _registered(tables: dict[str, MemWalTable], name: Any, function: str) -> Mem
     return tables[name]
 
 
-def _literal(arg: Any) -> Any:
-    value = Expr(arg).python_value()
+def _literal(arg: Any, function: str, what: str) -> Any:
+    """The value of the literal argument `arg` (`what`: its name); `InvalidConfigError` naming it for
+    anything else (a column, a subquery): table functions are evaluated while the query is planned,
+    before any row is read."""
+    expr = Expr(arg)
+    try:
+        value = expr.python_value()
+    except TypeError:  # datafusion: "Non Expr::Literal encountered in types"
+        raise InvalidConfigError(
+            f"{function}: {what} must be a literal value, not the expression {expr.canonical_name()}"
+        ) from None
     return value.as_py() if isinstance(value, pa.Scalar) else value
 
 
-def _explain(tables: dict[str, MemWalTable], name_arg: Any, filter_arg: Any) -> Table:
-    table = _registered(tables, _literal(name_arg), "memwal_explain")
-    text = _literal(filter_arg) if filter_arg is not None else None
+def _explain(tables: dict[str, MemWalTable], args: tuple[Any, ...]) -> Table:
+    if len(args) not in (1, 2):
+        raise InvalidConfigError("memwal_explain(table [, filter]) takes 1 or 2 arguments")
+    name = _literal(args[0], "memwal_explain", "table")
+    text = _literal(args[1], "memwal_explain", "filter") if len(args) == 2 else None
+    if text is not None and not isinstance(text, str):
+        raise InvalidConfigError(f"memwal_explain: filter must be SQL text (a string), not {text!r}")
+    table = _registered(tables, name, "memwal_explain")
     lines = table.explain(parse_filter(text, table.schema) if text else None).splitlines()
     return Table(pds.dataset(pa.table({"line": pa.array(lines, pa.string())})))
 
@@ -113,12 +139,15 @@ def _explain(tables: dict[str, MemWalTable], name_arg: Any, filter_arg: Any) -> 
 _PLANNERS = {"vector_search": plan_vector_search, "fts": plan_fts}
 
 
+_ARGUMENTS = ("table", "column", "query", "k", "options")
+
+
 def _search_plan(tables: dict[str, MemWalTable], function: str, args: tuple[Any, ...]) -> ExecNode:
-    if function not in _PLANNERS:
-        raise InvalidConfigError(f"no search function {function!r}; expected one of {sorted(_PLANNERS)}")
     if len(args) not in (4, 5):
         raise InvalidConfigError(f"{function}(table, column, query, k [, options]) takes 4 or 5 arguments")
-    name, column, search_query, k, *rest = (_literal(a) for a in args)
+    name, column, search_query, k, *rest = (
+        _literal(a, function, w) for a, w in zip(args, _ARGUMENTS[: len(args)], strict=True)
+    )
     table = _registered(tables, name, function)
     options = rest[0] if rest else None
     if options is not None and not isinstance(options, dict):
@@ -149,7 +178,16 @@ def _relation(rows: pa.Table) -> Table:
     return Table(shared_pool("relations", 1).submit(_make_relation, rows).result())
 
 
-def _explain_search(tables: dict[str, MemWalTable], kind_arg: Any, args: tuple[Any, ...]) -> Table:
-    plan = _search_plan(tables, _literal(kind_arg), args)
+def _explain_search(tables: dict[str, MemWalTable], args: tuple[Any, ...]) -> Table:
+    usage = "memwal_explain_search(function, table, column, query, k [, options])"
+    if not args:
+        raise InvalidConfigError(f"{usage} takes 5 or 6 arguments")
+    function = _literal(args[0], "memwal_explain_search", "function")
+    if function not in _PLANNERS:
+        raise InvalidConfigError(
+            f"memwal_explain_search: no search function {function!r}; the first argument names one "
+            f"of {sorted(_PLANNERS)}"
+        )
+    plan = _search_plan(tables, function, args[1:])
     plan.to_table()  # run it: the operators then report what they did
     return Table(pds.dataset(pa.table({"line": pa.array(plan.explain(), pa.string())})))

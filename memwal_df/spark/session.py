@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 LOCAL_SETTINGS: dict[str, str] = {
@@ -39,10 +44,45 @@ def session(
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**LOCAL_SETTINGS, **(conf or {})}.items():
         builder = builder.config(key, str(value))
-    spark = builder.getOrCreate()
+    with _jvm_started_without_fork():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+@contextlib.contextmanager
+def _jvm_started_without_fork() -> Iterator[None]:
+    """Let PySpark start its JVM without forking this process.
+
+    PySpark starts the JVM with `Popen(..., preexec_fn=...)`, a function that makes the child ignore
+    SIGINT (Ctrl-C in Python must not kill Spark). A `preexec_fn` makes Python fork this interpreter,
+    with Lance's threads running in it, and run its at-fork hooks: Lance's warns "lance is not
+    fork-safe". Without a `preexec_fn`, subprocess starts the JVM without running Python code in a
+    forked child, and the child inherits SIGINT ignored from this process for the moment of the start,
+    which is what PySpark's function sets. Only when the JVM is not running yet, and on the main
+    thread (the only one that may change a signal handler); otherwise PySpark starts it as usual."""
+    import pyspark.java_gateway as java_gateway
+
+    if SparkContext._gateway is not None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    popen = java_gateway.Popen  # type: ignore[attr-defined]  # subprocess.Popen, which it imports
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.pop("preexec_fn", None) is None:
+            return popen(*args, **kwargs)
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return popen(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, handler if handler is not None else signal.SIG_DFL)
+
+    java_gateway.Popen = start  # type: ignore[attr-defined, assignment]
+    try:
+        yield
+    finally:
+        java_gateway.Popen = popen  # type: ignore[attr-defined]
 
 
 def register(spark: SparkSession) -> SparkSession:

@@ -4,10 +4,10 @@ Options (both directions): `path` (the table URI, `load(uri)` / `save(uri)`) and
 (a JSON object of Lance-style storage options, e.g. S3 endpoint and keys).
 
 Read: the driver takes one snapshot of the durable levels (the base version and every region's
-latest manifest; no MemTables) and plans it with `memwal_df.read.scan_planner.plan_scan`, as `MemWalTable`
+latest manifest; no MemTables) and plans it with `memwal_df.read.scan.planner.plan_scan`, as `MemWalTable`
 does: region pruning from the pushed filters, one partition per region with unmerged generations
 (deduplicated newest first) and per span of the base table (anti-joined against the newer levels).
-Each Spark task re-plans the pinned snapshot (`memwal_df.read.snapshot.pin` / `restore`) and runs its
+Each Spark task re-plans the pinned snapshot (`memwal_df.read.lsm.snapshot.pin` / `restore`) and runs its
 partition's operator tree. Pushed filters (`memwal_df.spark.filters`) are applied exactly, after
 deduplication. Option `base_partitions` (default: this machine's cores) sets the base spans.
 
@@ -56,12 +56,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from memwal_df.errors import InvalidConfigError
-from memwal_df.format import lease
 from memwal_df.format.open_storage import open_storage
 from memwal_df.format.storage import Storage
-from memwal_df.read.predicate import column_predicates
-from memwal_df.read.scan_planner import Partition, plan_scan
-from memwal_df.read.snapshot import PinnedSnapshot, pin, restore, take_snapshot
+from memwal_df.read.expr.predicate import column_predicates
+from memwal_df.read.lsm.snapshot import PinnedSnapshot, pin, restore, take_snapshot
+from memwal_df.read.scan.planner import Partition, plan_scan
 from memwal_df.spark.change_feed import ChangesReader, ChangeStreamReader, change_spark_schema, is_change_read
 from memwal_df.spark.filters import conjunction, to_expression
 from memwal_df.spark.routing import ROUTE, check_routable
@@ -76,6 +75,7 @@ from memwal_df.spark.staging import (
 from memwal_df.spark.stream_sink import MemWalStreamWriter
 from memwal_df.spark.types import arrow_schema_for_spark, spark_schema, to_spark_batch
 from memwal_df.table import Table, open_table
+from memwal_df.write.staged import remove_leases
 
 OPERATIONS = ("upsert", "delete")
 
@@ -299,10 +299,10 @@ class StagedWriter(MemWalWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Remove the job's leases (every task flushed its regions before reporting)."""
-        lease.remove(self.ref.storage(), self.job.lease_dir())
+        remove_leases(self.ref.storage(), self.job.job)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Remove the job's leases (a task still running then gives up after its next fence), then
         recover every region with unflushed WAL entries (`MemWalWriter.abort`)."""
-        lease.remove(self.ref.storage(), self.job.lease_dir())
+        remove_leases(self.ref.storage(), self.job.job)
         super().abort(messages)

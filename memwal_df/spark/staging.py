@@ -4,26 +4,22 @@ A task of `df.write.format("memwal").save(uri)` without the routing column may h
 region, and so may every other task of the job. Each task
 
 1. **stages** its partition: every Arrow batch is validated as `TableWriter.put` / `delete` validate
-   (`memwal_df.format.schema.upsert_rows` / `key_rows`: every column, keys, NULLs) and grouped by
+   (`memwal_df.write.staged.staged_rows`: every column, keys, NULLs) and grouped by
    region with the table writer's vectorized routing
    (`memwal_df.write.table_writer.group_by_region`); the groups
    are kept per region in memory up to `stage_memory_bytes`, beyond that the largest region's rows
    are spilled to an Arrow IPC stream file in a private temporary directory (`RegionStage`);
 2. **writes** each staged region under the job's lease on that region
-   (`_mem_wal/_write_leases/{job}/{region}`, `memwal_df.format.lease`, holder = job + partition): it tries
-   the free regions first and waits only when every region left is busy, and it holds no lease while
-   it waits and at most one while it writes, so tasks never deadlock. The lease is renewed while the
-   region is written and released after it; a retried attempt of the partition (the same holder)
-   takes its predecessor's leases over at once, and a dead task's leases expire after `lease_ttl_s`.
-   A region is written through a `TableWriter` (claim, replay, puts or deletes, flush, close): one
-   generation per task and region.
+   (`memwal_df.write.staged.RegionLeases`, holder = job + partition): free regions first, waiting
+   without a lease while every region left is busy, at most one lease held while it writes, so tasks
+   never deadlock; a retried attempt of the partition (the same holder) takes its predecessor's
+   leases over at once, and a dead task's leases expire after `lease_ttl_s`. A region is written
+   through a `TableWriter` (claim, replay, puts or deletes, flush, close): one generation per task
+   and region.
 
-The lease only keeps tasks of a job from fencing each other back and forth; correctness comes from
-region fencing. A task whose writer is fenced looks at the region's lease: if the job's leases are
-gone (the job committed or aborted) or a newer attempt of its own partition holds it, it fails;
-otherwise (another task took the lease over after it expired, or a writer outside the job claimed
-the region) it takes the lease again and writes all its rows of the region again — a claim replays
-what it wrote durably, and upserts and deletes are idempotent.
+A task whose writer is fenced fails if the job's leases are gone (the job committed or aborted) or a
+newer attempt of its own partition holds the region's lease; otherwise it takes the lease again and
+writes all its rows of the region again (`RegionLeases`).
 
 A job type may change how a region's staged rows are written (`StagedJob.write_region`) and stop a
 stale task before each claim (`StagedJob.check_live`): the streaming sink
@@ -35,7 +31,6 @@ from __future__ import annotations
 import functools
 import shutil
 import tempfile
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,18 +39,14 @@ from typing import Any, Self
 
 import pyarrow as pa
 
-from memwal_df.errors import InvalidConfigError, WriterFencedError
-from memwal_df.format import layout, lease
-from memwal_df.format.schema import key_rows, upsert_rows
-from memwal_df.format.storage import Storage
+from memwal_df.errors import InvalidConfigError
 from memwal_df.table import Table
-from memwal_df.write.partial import partial_rows, partial_schema
+from memwal_df.write.partial import partial_schema
+from memwal_df.write.staged import RegionLeases, lease_dir, staged_rows
 from memwal_df.write.table_writer import TableWriter, group_by_region
 
 DEFAULT_STAGE_MEMORY_BYTES = 256 * 1024 * 1024
 DEFAULT_LEASE_TTL = timedelta(seconds=60)
-MAX_CLAIMS = 5  # claims of one region by one task (each after a fence) before the task fails
-_POLL_SECONDS = (0.02, 0.5)  # first and longest wait when every region left is busy
 
 
 @dataclass(frozen=True)
@@ -101,15 +92,15 @@ class StagedJob:
         )
 
     def lease_dir(self, region: uuid.UUID | None = None) -> str:
-        return layout.write_lease_dir(self.job, region)
+        return lease_dir(self.job, region)
 
     def holder(self, partition: int) -> str:
         """The lease holder name of every attempt of task `partition` (so a retry takes over)."""
         return f"{self.job}:{partition}"
 
-    def check_live(self, storage: Storage) -> None:
+    def check_live(self, table: Table) -> None:
         """Called before each claim of a region: raise `WriterFencedError` if the job no longer
-        wants its rows written. A write job's end shows in its leases (`_lease_after_fence`), so a
+        wants its rows written. A write job's end shows in its leases (`RegionLeases`), so a
         write job always is; a streaming batch checks whether it was committed meanwhile."""
 
     def write_region(self, writer: TableWriter, stage: RegionStage, region: uuid.UUID) -> None:
@@ -231,13 +222,7 @@ def stage_batches(
     ts = table.schema
     total = 0
     for batch in batches:
-        if operation == "delete":
-            rows = key_rows(ts, batch)
-        elif partial:
-            rows = partial_rows(ts, pa.Table.from_batches([batch]))
-        else:
-            rows = upsert_rows(ts, pa.Table.from_batches([batch]))
-        stage_rows(table, rows, stage)
+        stage_rows(table, staged_rows(ts, batch, operation, partial), stage)
         total += batch.num_rows
     return total
 
@@ -263,68 +248,11 @@ def stage_schema(table: Table, operation: str, partial_columns: Sequence[str] | 
 
 
 def write_regions(table: Table, stage: RegionStage, job: StagedJob, holder: str) -> dict[uuid.UUID, int]:
-    """Write every staged region under the job's lease on it, free regions first, waiting (without
-    holding a lease) while all regions left are busy; region id -> the epoch it was written with."""
-    pending = stage.regions
-    epochs: dict[uuid.UUID, int] = {}
-    delay = _POLL_SECONDS[0]
-    while pending:
-        busy = []
-        for region in pending:
-            held = lease.try_acquire(table.storage, job.lease_dir(region), holder, job.lease_ttl)
-            if held is None:
-                busy.append(region)
-            else:
-                epochs[region] = _write_leased(table, stage, job, region, held)
-        if busy and len(busy) == len(pending):
-            time.sleep(delay)
-            delay = min(2 * delay, _POLL_SECONDS[1])
-        else:
-            delay = _POLL_SECONDS[0]
-        pending = busy
-    return epochs
-
-
-def _write_leased(
-    table: Table, stage: RegionStage, job: StagedJob, region: uuid.UUID, held: lease.Lease
-) -> int:
-    """Write `region` holding (and renewing) `held`, then release it; after a fence, claim and write
-    the region again if `_lease_after_fence` allows it (see the module docstring)."""
-    storage, directory = table.storage, job.lease_dir(region)
-    renewal = lease.Renewal(storage, directory, held, job.lease_ttl)
-    owned = True
-    try:
-        for _ in range(MAX_CLAIMS):
-            job.check_live(storage)
-            try:
-                return _write_region(table, stage, job, region)
-            except WriterFencedError:
-                mine = _lease_after_fence(storage, directory, renewal.stop(), held.holder, job.lease_ttl)
-                if mine is None:
-                    owned = False
-                    raise
-                renewal = lease.Renewal(storage, directory, mine, job.lease_ttl)
-        raise WriterFencedError(
-            f"region {region} was claimed away {MAX_CLAIMS} times while this task wrote it"
-        )
-    finally:
-        last = renewal.stop()
-        if owned and last is not None:
-            lease.release(storage, directory, last)
-
-
-def _lease_after_fence(
-    storage: Storage, directory: str, mine: lease.Lease | None, holder: str, ttl: timedelta
-) -> lease.Lease | None:
-    """After this task's writer of a region was fenced: the lease to write the region again with
-    (ours, or taken again after the task that took it over released it), or None to give up because
-    the job's leases are gone (it committed or aborted) or a newer attempt of the partition holds it."""
-    cur = lease.current(storage, directory)
-    if cur is None or (cur.holder == holder and (mine is None or cur.epoch > mine.epoch)):
-        return None
-    if mine is not None and cur.epoch == mine.epoch:
-        return mine  # still ours: a writer outside the job claimed the region
-    return lease.acquire(storage, directory, holder, ttl)  # another task took it over after expiry
+    """Write every staged region under the job's lease on it (`RegionLeases.write`); region id -> the
+    epoch it was written with."""
+    leases = RegionLeases(table.storage, job.job, job.lease_ttl)
+    write = functools.partial(_write_region, table, stage, job)
+    return leases.write(stage.regions, holder, write, functools.partial(job.check_live, table))
 
 
 def _write_region(table: Table, stage: RegionStage, job: StagedJob, region: uuid.UUID) -> int:

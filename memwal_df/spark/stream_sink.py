@@ -5,7 +5,7 @@
 a time under a lease and flushes each region it wrote into a generation before it reports. So when
 Spark calls `commit(messages, batch_id)` on the driver, every row of the batch is durable in a
 flushed generation, visible to `MemWalTable(uri)` in any process; `commit` then records the batch
-(`memwal_df.format.stream_commits`) and returns. A row is visible one trigger interval plus the
+(`memwal_df.write.staged.StreamCommits`) and returns. A row is visible one trigger interval plus the
 batch's write time after it entered the source.
 
 **Exactly-once effect.** A task reads its query id (`sql.streaming.queryId`, kept across restarts
@@ -60,15 +60,13 @@ from memwal_df.errors import (
     SchemaMismatchError,
     WriterFencedError,
 )
-from memwal_df.format import stream_commits
-from memwal_df.format.schema import key_rows, tombstone_rows, upsert_rows
 from memwal_df.format.storage import Storage
-from memwal_df.read.keys import last_per_key
+from memwal_df.read.lsm.keys import last_per_key
 from memwal_df.spark.routing import check_routable
 from memwal_df.spark.staging import RegionStage, StagedJob, stage_rows, write_regions
 from memwal_df.spark.types import arrow_schema_for_spark
 from memwal_df.table import Table
-from memwal_df.write.partial import partial_rows
+from memwal_df.write.staged import StreamCommits, staged_rows, stream_query_id, tombstones
 from memwal_df.write.table_writer import TableWriter
 
 STREAM_LEASES = "streams"  # the lease group every streaming query of a table shares
@@ -99,8 +97,8 @@ class StreamBatch(StagedJob):
     def holder(self, partition: int) -> str:
         return f"{self.query}:{self.batch}:{partition}"
 
-    def check_live(self, storage: Storage) -> None:
-        if stream_commits.committed(storage, self.query, self.batch):
+    def check_live(self, table: Table) -> None:
+        if StreamCommits(table.storage, self.query).committed(self.batch):
             raise WriterFencedError(
                 f"micro-batch {self.batch} of streaming query {self.query} was committed by another "
                 "attempt: this attempt is stale"
@@ -196,14 +194,13 @@ def _upserts(table: Table, data: pa.Table, job: StreamBatch) -> pa.Table:
     columns (the delete flag, an `order_by` column the table lacks)."""
     names = table.schema.schema.names
     own = [n for n in (job.delete_column, job.order_by) if n and n not in names]
-    rows = data.drop_columns(own)
-    return partial_rows(table.schema, rows) if job.partial else upsert_rows(table.schema, rows)
+    return staged_rows(table.schema, data.drop_columns(own), "upsert", job.partial)
 
 
 def _tombstones(table: Table, data: pa.Table, job: StreamBatch) -> pa.Table:
     """Delete rows of `data`'s keys in the staged columns: the key, NULL elsewhere."""
     ts = table.schema
-    return tombstone_rows(ts, key_rows(ts, data.select(list(ts.primary_key)))).select(list(job.columns))
+    return tombstones(ts, data.select(list(ts.primary_key))).select(list(job.columns))
 
 
 @dataclass(frozen=True)
@@ -235,9 +232,9 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
         batch = ctx.getLocalProperty(BATCH_ID) if ctx else None
         if ctx is None or query is None or batch is None:
             raise InvalidConfigError("the memwal stream writer runs only in a Spark streaming query")
-        job = replace(self.job, query=stream_commits.query_id(query), batch=int(batch))
+        job = replace(self.job, query=stream_query_id(query), batch=int(batch))
         partition, table = ctx.partitionId(), self.ref.open()
-        if stream_commits.committed(table.storage, job.query, job.batch):
+        if StreamCommits(table.storage, job.query).committed(job.batch):
             for _ in iterator:  # the batch is in the table: drop its rows
                 pass
             return StreamReport(job.query, job.batch, partition, {}, 0, True)
@@ -255,10 +252,9 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
         queries = {(r.query, r.batch) for r in reports}
         if len(queries) != 1 or reports[0].batch != batchId:
             raise InvalidConfigError(f"tasks of micro-batch {batchId} reported {sorted(queries)}")
-        storage, query = self.ref.storage(), reports[0].query
         regions = {region for r in reports for region in r.regions}
-        stream_commits.record(storage, query, batchId, sum(r.rows for r in reports), len(regions))
-        stream_commits.prune(storage, query, KEEP_COMMITS)
+        commits = StreamCommits(self.ref.storage(), reports[0].query)
+        commits.record(batchId, sum(r.rows for r in reports), len(regions), KEEP_COMMITS)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: rows of finished tasks are flushed, a failed attempt's durable WAL

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from memwal_df.errors import CorruptWalEntryError
+from memwal_df.errors import CommitConflictError, CorruptWalEntryError
 from memwal_df.format.manifest import RegionManifestStore, new_manifest, next_version
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.wal import Wal, encode_fence_sentinel
@@ -27,11 +27,21 @@ ManifestChange = Callable[[pb.ShardManifest], bool | None]
 
 
 def claim(
-    store: RegionManifestStore, region_id: uuid.UUID, spec_id: int, field_entries: dict[str, bytes]
+    store: RegionManifestStore,
+    region_id: uuid.UUID,
+    spec_id: int,
+    field_entries: dict[str, bytes],
+    expect_version: int | None = None,
 ) -> tuple[pb.ShardManifest, bool]:
-    """Commit a manifest version with a raised epoch; the manifest and whether the region is new."""
+    """Commit a manifest version with a raised epoch; the manifest and whether the region is new.
+    With `expect_version` (a recovery) only the version after that one: `CommitConflictError` when
+    the latest version is another one, or another claimer commits that version first."""
     while True:
         latest = store.latest()
+        if expect_version is not None and (latest is None or latest.version != expect_version):
+            raise CommitConflictError(
+                f"region {region_id} moved on from manifest version {expect_version}: it has a writer"
+            )
         if latest is None:
             m = new_manifest(region_id, spec_id, field_entries)
         else:

@@ -18,7 +18,7 @@ generations, readers and the merger see nothing new.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -31,6 +31,7 @@ from memwal_df.errors import (
     InvalidConditionError,
     MissingColumnsError,
     MissingValueError,
+    SchemaMismatchError,
 )
 from memwal_df.format.pk_index import pk_index_key
 from memwal_df.format.proto import memwal_pb2 as pb
@@ -40,6 +41,8 @@ from memwal_df.format.schema import (
     check_keys,
     check_not_null,
     conform,
+    convert_values,
+    to_table,
     upsert_rows,
 )
 from memwal_df.write.newest_rows import Found
@@ -99,6 +102,7 @@ class Applied:
 
     @property
     def count(self) -> int:
+        """How many rows were applied."""
         return int(self.mask.sum())
 
     @staticmethod
@@ -165,10 +169,11 @@ def _expected_array(f: pa.Field, value: Any, num_rows: int) -> pa.Array:
                     f"if_match[{f.name!r}] has {len(arr)} values for {num_rows} rows "
                     "(give one per row, or a scalar)"
                 )
-            arr = arr.cast(f.type, safe=True)
-            return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-        return pa.repeat(pa.scalar(value, f.type), num_rows)
+            return convert_values(arr, f).combine_chunks()
+        return convert_values(pa.repeat(pa.scalar(value), num_rows), f).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError) as e:
+        raise InvalidConditionError(f"if_match[{f.name!r}] is not a value of type {f.type}: {e}") from e
+    except SchemaMismatchError as e:  # the rules of whole-row input (docs/writing.md, "Types")
         raise InvalidConditionError(f"if_match[{f.name!r}] is not a value of type {f.type}: {e}") from e
 
 
@@ -206,6 +211,40 @@ def chunks(
         chunk = table.slice(offset, max_rows)
         rows = partial_rows(ts, chunk) if partial else upsert_rows(ts, chunk)
         yield offset, rows, condition.slice(offset, rows.num_rows)
+
+
+ChunkWrite = Callable[[pa.Table, Condition], list[tuple[np.ndarray, Applied]]]
+"""A writer's step of a partial or conditional write: one conformed chunk and its condition applied,
+answered per part as (positions in the chunk, ascending; which of those rows applied)."""
+
+
+def put_merged(
+    ts: TableSchema,
+    data: Any,
+    partial: bool,
+    if_match: Mapping[str, Any] | None,
+    max_rows: int,
+    write: ChunkWrite,
+) -> Applied | None:
+    """`put(data, partial=..., if_match=...)` when partial or conditional (`write_merged` under
+    `put_condition`): which rows applied if `if_match` is given, else None."""
+    table = to_table(data)
+    condition = put_condition(ts, if_match, table.num_rows)
+    applied = write_merged(ts, table, partial, condition, max_rows, write)
+    return applied if if_match is not None else None
+
+
+def write_merged(
+    ts: TableSchema, data: Any, partial: bool, condition: Condition, max_rows: int, write: ChunkWrite
+) -> Applied:
+    """A partial or conditional write of `data` (any accepted input): each chunk of `chunks`, checked
+    as it is reached, applied by `write`; which rows applied, in input order. A chunk that raises
+    stops the write: the chunks before it stay applied."""
+    table = to_table(data)
+    parts: list[tuple[np.ndarray, Applied]] = []
+    for offset, rows, cond in chunks(ts, table, partial, condition, max_rows):
+        parts += [(offset + positions, applied) for positions, applied in write(rows, cond)]
+    return Applied.combine(ts, parts, table.num_rows)
 
 
 def encoded_keys(rows: pa.Table, primary_key: Sequence[str]) -> pa.Array:

@@ -15,6 +15,7 @@ from typing import Any
 
 from memwal_df.errors import RegionRoutingError, UnknownRegionError
 from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.values import encode_non_null_region_value, result_arrow_type
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.write.partial import CurrentRows
@@ -36,9 +37,20 @@ def open_region_writer(
             "to its region, or table.region_writer(values=(...)) with one value per field of "
             f"the spec {table.spec_text()}"
         )
+    return RegionWriter(region_context(table, region_id, m, current_rows), region_id, config)
+
+
+def region_context(
+    table: TableHandle,
+    region_id: uuid.UUID,
+    m: pb.ShardManifest | None,
+    current_rows: CurrentRows | None = None,
+) -> RegionContext:
+    """What a writer of the region `region_id`, whose latest manifest is `m` (None: a new manual
+    region), needs to know about the table."""
     values = table.region_values(m) if m is not None else None
     entries = {e.field_id: e.value for e in m.shard_field_entries} if m is not None and values else {}
-    return _open(table, region_id, values, entries, config, current_rows)
+    return _context(table, values, entries, current_rows)
 
 
 def open_routed_writer(
@@ -70,18 +82,16 @@ def open_routed_writer(
         for f, v in zip(spec.fields, values, strict=True)
         if v is not None
     }
-    return _open(table, table.region_id_for(values), values, entries, config, current_rows)
+    return RegionWriter(_context(table, values, entries, current_rows), table.region_id_for(values), config)
 
 
-def _open(
+def _context(
     table: TableHandle,
-    region_id: uuid.UUID,
     values: tuple[Any, ...] | None,
     entries: dict[str, bytes],
-    config: WriterConfig,
     current_rows: CurrentRows | None,
-) -> RegionWriter:
-    ctx = RegionContext(
+) -> RegionContext:
+    return RegionContext(
         storage=table.storage,
         schema=table.schema,
         data_storage_version=table.data_storage_version,
@@ -91,4 +101,3 @@ def _open(
         indexes=table.maintained_indexes(),
         current_rows=current_rows,
     )
-    return RegionWriter(ctx, region_id, config)

@@ -34,18 +34,19 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_df.errors import InvalidConfigError, MemWalError, MissingGenerationError, RegionRoutingError
+from memwal_df.errors import InvalidConfigError, MissingGenerationError, RegionRoutingError
 from memwal_df.format.maintained_indexes import MaintainedIndex
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.proto import memwal_pb2 as pb
 from memwal_df.format.regions.spec import RegionSpec
-from memwal_df.format.schema import TableSchema, delete_batch, to_table, upsert_chunks, with_tombstone
+from memwal_df.format.schema import TableSchema, delete_batch, upsert_chunks, with_tombstone
 from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.write.claim import claim, replay
@@ -59,15 +60,16 @@ from memwal_df.write.partial import (
     BaseRows,
     Condition,
     CurrentRows,
-    chunks,
     encoded_keys,
     merge,
     needed_columns,
-    put_condition,
+    put_merged,
+    write_merged,
 )
 from memwal_df.write.region_state import KEPT_FLUSHED_BYTES, RegionState
 from memwal_df.write.wal_commit import ExclusiveSection, WalCommitter
 from memwal_df.write.writer_config import WriterConfig
+from memwal_df.write.writer_lease import RecoveryClaim, WriterLease
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +91,41 @@ class RegionContext:
 class RegionWriter:
     """The writer of one region. Thread-safe; use as a context manager or call `close()`."""
 
-    def __init__(self, ctx: RegionContext, region_id: uuid.UUID, config: WriterConfig | None = None) -> None:
+    def __init__(
+        self,
+        ctx: RegionContext,
+        region_id: uuid.UUID,
+        config: WriterConfig | None = None,
+        *,
+        recovery: RecoveryClaim | None = None,
+    ) -> None:
+        """Take the region's writer lease, claim the region and replay its WAL. `recovery`: claim only
+        the manifest version after `recovery.expect_version`, holding `recovery.lease` (the maintain
+        loop's recovery, `memwal_df.jobs.region_recovery`; `CommitConflictError` if the region moved on)."""
         self.ctx = ctx
         self.region_id = region_id
         self.config = config or WriterConfig()
         store = RegionManifestStore(ctx.storage, region_id, self.config.manifest_scan_batch_size)
+        ttl = timedelta(seconds=self.config.lease_ttl_s)
+        held = recovery.lease if recovery is not None else None
+        self._lease = WriterLease(ctx.storage, region_id, ttl, lambda: self._still_ours(store), held)
+        try:
+            self._open(store, recovery.expect_version if recovery is not None else None)
+        except BaseException:
+            self._lease.release()
+            raise
+
+    def _still_ours(self, store: RegionManifestStore) -> bool:
+        """Whether the region's latest manifest carries this writer's epoch (True before the claim)."""
+        state = getattr(self, "_state", None)
+        latest = store.latest()
+        return state is None or latest is None or latest.writer_epoch == state.epoch
+
+    def _open(self, store: RegionManifestStore, expect_version: int | None) -> None:
+        ctx, region_id = self.ctx, self.region_id
         wal = Wal(ctx.storage, region_id)
-        manifest, fresh = claim(store, region_id, ctx.spec.spec_id if ctx.spec else 0, ctx.field_entries)
+        spec_id = ctx.spec.spec_id if ctx.spec else 0
+        manifest, fresh = claim(store, region_id, spec_id, ctx.field_entries, expect_version)
         self._state = RegionState(region_id, ctx.schema, ctx.indexes, manifest)
         replay(self._state, wal, store, fresh)
         self._indexer: BackgroundIndexer | None = None
@@ -143,10 +173,8 @@ class RegionWriter:
         `WriterClosedError` once the writer is closed."""
         self._state.check_usable()
         if partial or if_match is not None:
-            table = to_table(data)
-            condition = put_condition(self.ctx.schema, if_match, table.num_rows)
-            applied = self._write_merged(table, partial, condition)
-            return applied if if_match is not None else None
+            max_rows = self.config.max_memtable_rows
+            return put_merged(self.ctx.schema, data, partial, if_match, max_rows, self._write_chunk)
         for rows in upsert_chunks(self.ctx.schema, data, self.config.max_memtable_rows):
             if rows.num_rows == 0:
                 continue
@@ -160,16 +188,13 @@ class RegionWriter:
         """Insert the rows whose key has no live row (absent or deleted); keep the existing rows.
         Whole rows unless `partial` (missing columns NULL). Returns which rows were inserted."""
         self._state.check_usable()
-        return self._write_merged(to_table(data), partial, Condition("insert_if_absent"))
+        condition, max_rows = Condition("insert_if_absent"), self.config.max_memtable_rows
+        return write_merged(self.ctx.schema, data, partial, condition, max_rows, self._write_chunk)
 
-    def _write_merged(self, table: pa.Table, partial: bool, condition: Condition) -> Applied:
-        """Conform and apply a partial or conditional write in chunks of `max_memtable_rows` rows,
-        each one read-modify-write (one WAL entry of full rows)."""
-        ts = self.ctx.schema
-        parts = []
-        for offset, rows, cond in chunks(ts, table, partial, condition, self.config.max_memtable_rows):
-            parts.append((np.arange(offset, offset + rows.num_rows), self.apply_merged(rows, cond)))
-        return Applied.combine(ts, parts, table.num_rows)
+    def _write_chunk(self, rows: pa.Table, condition: Condition) -> list[tuple[np.ndarray, Applied]]:
+        """One chunk of a partial or conditional write (`write_merged`): one read-modify-write (one
+        WAL entry of full rows)."""
+        return [(np.arange(rows.num_rows), self.apply_merged(rows, condition))]
 
     def apply_merged(self, rows: pa.Table, condition: Condition) -> Applied:
         """Write conformed rows (`partial_rows` or `upsert_rows`) merged with the current rows of their
@@ -254,7 +279,11 @@ class RegionWriter:
             state.check_usable()
 
     def close(self) -> None:
-        """Flush and stop. Closing twice is a no-op; a fenced writer closes without flushing."""
+        """Flush every acknowledged write into a generation (visible to every reader when this
+        returns), stop, and release the region's writer lease. Closing twice is a no-op; a fenced
+        writer closes without flushing. If the flush fails (`StorageError`, `WriterFencedError`,
+        ...) the writer stops anyway and the error is raised: durable writes stay in the WAL, as
+        after `abort()`."""
         if self._state.closed:
             return
         try:
@@ -264,21 +293,33 @@ class RegionWriter:
             self._stop()
 
     def abort(self) -> None:
-        """Stop without flushing, as a crash would: durable writes are replayed by the next writer,
-        non-durable writes not yet in the WAL are lost."""
+        """Stop without flushing, as a crash would, and release the region's writer lease. Durable
+        writes stay in the WAL, invisible to readers of the flushed levels until the region is
+        recovered: by its next writer, by the maintain loop's next round (the released lease tells it
+        the writer is gone) or by `memwal recover` / `table.recover()`. Non-durable writes not yet in
+        the WAL are lost."""
         self._stop()
 
     def __enter__(self) -> RegionWriter:
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """`close()` (flush, stop), also when the block raised: every acknowledged write becomes
+        visible. When that close fails after an error, the writer is stopped as by `abort()` (durable
+        writes wait in the WAL for recovery), the failure is logged and noted on the block's error,
+        which propagates."""
+        if exc is None:
             self.close()
-        else:
-            try:
-                self.close()
-            except MemWalError:
-                log.exception("closing region writer %s after an error failed", self.region_id)
+            return
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001 - the block's own error is the one to raise
+            log.warning("closing region writer %s after an error failed: %s", self.region_id, e)
+            exc.add_note(
+                f"closing the writer of region {self.region_id} failed too ({type(e).__name__}: {e}); "
+                "its durable writes stay in the WAL until the region is recovered (maintain loop, "
+                "memwal recover)"
+            )  # (close() stopped the writer: nothing more to abort)
 
     @property
     def memtables(self) -> list[MemTable]:
@@ -346,6 +387,7 @@ class RegionWriter:
         self._flush_pipeline.wait_for_writes()
         if self._indexer is not None:
             self._indexer.stop()
+        self._lease.release()
 
 
 class MergedWrite:

@@ -21,6 +21,7 @@ in the calling thread, durable ones concurrently.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import uuid
 from collections.abc import Mapping
@@ -39,22 +40,24 @@ from memwal_df.errors import (
     WriterClosedError,
 )
 from memwal_df.format.regions.spec import RegionSpec
-from memwal_df.format.schema import key_rows, to_table, tombstone_rows, upsert_chunks
+from memwal_df.format.schema import key_rows, tombstone_rows, upsert_chunks
 from memwal_df.format.table_handle import TableHandle
 from memwal_df.write.partial import (
     Applied,
     BaseRows,
     Condition,
     CurrentRows,
-    chunks,
     needed_columns,
-    put_condition,
+    put_merged,
+    write_merged,
 )
 from memwal_df.write.region_open import open_routed_writer
 from memwal_df.write.region_writer import MergedWrite, RegionWriter
 from memwal_df.write.writer_config import WriterConfig
 
 _MAX_PARALLEL_REGIONS = 8
+
+log = logging.getLogger(__name__)
 
 
 class TableWriter:
@@ -100,10 +103,8 @@ class TableWriter:
         are not written. `delete` does the same."""
         self._check_open()
         if partial or if_match is not None:
-            table = to_table(data)
-            condition = put_condition(self.table.schema, if_match, table.num_rows)
-            applied = self._write_merged(table, partial, condition)
-            return applied if if_match is not None else None
+            max_rows = self.config.max_memtable_rows
+            return put_merged(self.table.schema, data, partial, if_match, max_rows, self._write_chunk)
         for table in upsert_chunks(self.table.schema, data, self.config.max_memtable_rows):
             if table.num_rows:
                 self._write_parts(self._route(table), deleted=False)
@@ -113,32 +114,30 @@ class TableWriter:
         """Insert the rows whose key has no live row, keep the existing ones; returns which rows were
         inserted (see `RegionWriter.insert_if_absent`)."""
         self._check_open()
-        return self._write_merged(to_table(data), partial, Condition("insert_if_absent"))
+        condition, max_rows = Condition("insert_if_absent"), self.config.max_memtable_rows
+        return write_merged(self.table.schema, data, partial, condition, max_rows, self._write_chunk)
 
-    def _write_merged(self, table: pa.Table, partial: bool, condition: Condition) -> Applied:
-        """A partial or conditional write, chunk by chunk: each chunk's rows routed, each region's
-        part one read-modify-write of its writer; the regions' answers combined in input order."""
+    def _write_chunk(self, rows: pa.Table, condition: Condition) -> list[tuple[np.ndarray, Applied]]:
+        """One chunk of a partial or conditional write (`write_merged`): its rows routed, each region's
+        part one read-modify-write of its writer."""
         ts = self.table.schema
-        parts: list[tuple[np.ndarray, Applied]] = []
-        for offset, rows, cond in chunks(ts, table, partial, condition, self.config.max_memtable_rows):
-            if not self.spec.reads_only(ts.field_ids[c] for c in rows.column_names):
-                raise RegionRoutingError(
-                    "the region spec reads columns the partial rows do not carry: give them, or write "
-                    "through table.region_writer(region_id)"
-                )
-            groups = group_positions(self.spec, ts.field_ids, rows)
-            writers, unavailable = self._open([values for values, _ in groups])
-            routed = [(w, pos) for w, (_, pos) in zip(writers, groups, strict=True) if w is not None]
-            routed.sort(key=lambda r: r[0].region_id)  # the order every caller enters regions' sections in
-            base = self._base_rows(rows, cond) if len(routed) > 1 else None
-            writes = [
-                w.merged_write(rows.take(pa.array(pos)), cond.take(pos), True, base) for w, pos in routed
-            ]
-            results = self._run_writes(_started(writes))  # regions read and accepted here, then stored
-            parts += [(offset + pos, applied) for (_, pos), applied in zip(routed, results, strict=True)]
-            if unavailable:
-                raise _refused(unavailable, False)
-        return Applied.combine(ts, parts, table.num_rows)
+        if not self.spec.reads_only(ts.field_ids[c] for c in rows.column_names):
+            raise RegionRoutingError(
+                "the region spec reads columns the partial rows do not carry: give them, or write "
+                "through table.region_writer(region_id)"
+            )
+        groups = group_positions(self.spec, ts.field_ids, rows)
+        writers, unavailable = self._open([values for values, _ in groups])
+        routed = [(w, pos) for w, (_, pos) in zip(writers, groups, strict=True) if w is not None]
+        routed.sort(key=lambda r: r[0].region_id)  # the order every caller enters regions' sections in
+        base = self._base_rows(rows, condition) if len(routed) > 1 else None
+        writes = [
+            w.merged_write(rows.take(pa.array(pos)), condition.take(pos), True, base) for w, pos in routed
+        ]
+        results = self._run_writes(_started(writes))  # regions read and accepted here, then stored
+        if unavailable:
+            raise _refused(unavailable, False)
+        return [(pos, applied) for (_, pos), applied in zip(routed, results, strict=True)]
 
     def _base_rows(self, rows: pa.Table, condition: Condition) -> BaseRows | None:
         """The base rows of every key of `rows`, read once for all their regions, in the background
@@ -223,8 +222,10 @@ class TableWriter:
         return [*results, *(f.result() for f in futures)]
 
     def close(self) -> None:
-        """Flush and close every region writer; raises the first error after closing all of them.
-        Closing twice is a no-op."""
+        """Flush and close every region writer (`RegionWriter.close`): every acknowledged write is
+        visible to every reader when this returns. Raises the first error after closing all of them
+        (a region whose flush failed is stopped anyway, its durable writes left in the WAL as after
+        `abort()`). Closing twice is a no-op."""
         if not self._mark_closed():
             return
         try:
@@ -233,7 +234,9 @@ class TableWriter:
             self._shutdown_pool()
 
     def abort(self) -> None:
-        """Stop every region writer without flushing (as a crash would)."""
+        """Stop every region writer without flushing, as a crash would (`RegionWriter.abort`): durable
+        writes stay in the WAL until their regions are recovered (next writer, the maintain loop's
+        next round, `memwal recover`); non-durable writes not yet in the WAL are lost."""
         self._mark_closed()
         for w in self.writers.values():
             w.abort()
@@ -261,10 +264,23 @@ class TableWriter:
     def __enter__(self) -> TableWriter:
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """`close()` (flush, stop), also when the block raised: every acknowledged write becomes
+        visible. When that close fails after an error, every region writer is stopped as by `abort()`
+        (durable writes wait in the WAL for recovery), the failure is logged and noted on the block's
+        error, which propagates."""
+        if exc is None:
             self.close()
-        else:
+            return
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001 - the block's own error is the one to raise
+            log.warning("closing the table writer of %s after an error failed: %s", self.table.uri, e)
+            exc.add_note(
+                f"closing the table writer failed too ({type(e).__name__}: {e}); durable writes of the "
+                "regions it could not flush stay in the WAL until they are recovered (maintain loop, "
+                "memwal recover)"
+            )
             self.abort()
 
     def _writer(self, values: tuple[Any, ...]) -> RegionWriter:

@@ -17,7 +17,9 @@ class WriterConfig:
     maintained indexes, `memwal_df.format.maintained_indexes`) include its rows; otherwise a background
     thread indexes them, and a search indexes what that thread has not reached yet, so searches see
     every write either way. The key index and bloom filter catch up whenever they are read, in both
-    modes.
+    modes. `lease_ttl_s`: the writer renews its region's writer lease every third of it; once a lease
+    is that old unrenewed, the maintain loop takes the writer for gone and recovers the region
+    (`memwal_df.write.writer_lease`).
     """
 
     durable_write: bool = True
@@ -32,6 +34,7 @@ class WriterConfig:
     manifest_scan_batch_size: int = 2
     backpressure_timeout_s: float = 120.0
     max_flush_retries: int = 3
+    lease_ttl_s: float = 30.0
 
     @classmethod
     def from_defaults(cls, defaults: Mapping[str, str], **overrides: Any) -> WriterConfig:

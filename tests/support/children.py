@@ -57,6 +57,7 @@ def stderr_tail(p: subprocess.Popen, lines: int = 30) -> str:
 
 def wait_ready(*procs: subprocess.Popen) -> None:
     for p in procs:
+        assert isinstance(p.args, list)
         assert p.stdout is not None and p.stdout.readline() == "ready\n", f"child {p.args[3]} died"
 
 

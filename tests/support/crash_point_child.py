@@ -8,8 +8,9 @@ ends a run that was not killed. Commands (`uri`, `options` and `op`, plus the op
 * `claims`: `rounds` times: claim the region of `values` (`claiming` before the call, `claimed` with
   the epoch after it returned), make `writes` durable writes of keys from `keys` (seeded by `seed`:
   puts of one to three rows, one in four a delete; `intent` with the op before the call, `ack` after
-  it returned), then abort the writer (stop without flushing, as a crash would). `settings` go to
-  the writer (small MemTables make it flush in the background, the replayed rows first).
+  it returned), then abort the writer (`aborting` before the call: stop without flushing, as a crash
+  would, and release its lease). `settings` go to the writer (small MemTables make it flush in the
+  background, the replayed rows first).
 * `recover`: `recovering`, `table.recover()`, then `recovered` with the recovered region ids.
 """
 
@@ -61,7 +62,8 @@ def claims(table: mw.Table, cmd: dict[str, Any]) -> None:
             apply(writer, op)
             say(ack=n)
             n += 1
-        writer.abort()
+        say(aborting=r)
+        writer.abort()  # releases the writer's lease of the region
         say(aborted=r)
 
 

@@ -18,12 +18,13 @@ land are stored by the real backend.
 
 from __future__ import annotations
 
+import builtins
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 
 from memwal_df.errors import StorageError
 from memwal_df.format.storage import Blob, Storage
@@ -140,7 +141,7 @@ class FaultyStorage(Storage):
         self._before("list", prefix)
         return self.inner.list(prefix)
 
-    def list_dir(self, prefix: str) -> list[str]:
+    def list_dir(self, prefix: str) -> builtins.list[str]:
         self._before("list_dir", prefix)
         return self.inner.list_dir(prefix)
 
@@ -159,5 +160,7 @@ class FaultyStorage(Storage):
         self._before("sync_tree", prefix)
         self.inner.sync_tree(prefix, skip)
 
-    def synced_changes(self, prefix: str = "", skip: Collection[str] = ()) -> AbstractContextManager[None]:
-        return self.inner.synced_changes(prefix, skip)
+    @contextmanager
+    def synced_changes(self, prefix: str = "", skip: Collection[str] = ()) -> Iterator[None]:
+        with self.inner.synced_changes(prefix, skip):
+            yield

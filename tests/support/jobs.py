@@ -206,7 +206,7 @@ def assert_catchup_covered(table: Table) -> None:
     ds = lance.dataset(table.uri, storage_options=options)
     versions = sorted(v["version"] for v in ds.versions())
     history = progress_history(table)
-    made_by: dict[int, tuple] = {}  # fragment id -> (region, generation) of the merge that wrote it
+    made_by: dict[int, tuple | None] = {}  # fragment id -> (region, generation) of the merge that wrote it
     best: dict = {}
     for version, progress in zip(versions, history, strict=True):
         at = ds.checkout_version(version)

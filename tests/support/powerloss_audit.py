@@ -11,6 +11,8 @@ loss:
   generation directories (quarantined WAL entries, the entry lease, the job error record, ...);
 * a **GC deletion**: an unlink or rmdir under `_mem_wal/{region}/` (merged generations, WAL
   entries, old region manifests);
+* a **writer lease** change (`_mem_wal/_writer_leases/{region}/`: a writer takes, renews or releases
+  its region's lease, deleting older epochs), scoped to that region;
 * a **version cleanup deletion**: an unlink in the base table's `_versions/`, `data/`,
   `_deletions/`, `_transactions/` or `_indices/` (not Lance's temp names `*#N`, `.tmp*`);
 * the **return** of a memwal_df call (the workload's `DONE` line) or of an acknowledged put or
@@ -26,7 +28,7 @@ directory made in the run on the way to it. Exceptions:
   recovery rolls back a newest version whose files did not survive. Every file of an earlier call
   must be durable;
 * the file being published needs its bytes synced, not yet its new name;
-* at a region-scoped publish (region manifest, WAL entry, GC deletion in region R), a file in
+* at a region-scoped publish (region manifest, WAL entry, GC deletion, writer lease of region R), a file in
   another region's directory written by another thread: the writers of two regions run
   concurrently and neither depends on the other (the acknowledgement of a put that spans regions
   is a publish of its own and waits for all of them);
@@ -64,6 +66,8 @@ def publish_kind(e: Effect) -> str | None:
             return "Lance version"
         if parts[0] != "_mem_wal" or ".tmp." in name or any("_gen_" in p for p in parts):
             return None
+        if parts[1] == "_writer_leases":
+            return "writer lease"
         if len(parts) == 4 and parts[2] == "manifest" and name.endswith(".binpb"):
             return "region manifest"
         if len(parts) == 4 and parts[2] == "wal":
@@ -75,7 +79,7 @@ def publish_kind(e: Effect) -> str | None:
         if "#" in name or name.startswith(".tmp") or ".tmp." in name:
             return None  # Lance's and memwal_df's own temp files
         if parts[0] == "_mem_wal" and len(parts) >= 3:
-            return "GC deletion"
+            return "writer lease" if parts[1] == "_writer_leases" else "GC deletion"
         if parts[0] in _BASE_DIRS:
             return "version cleanup deletion"
     return None
@@ -142,15 +146,18 @@ class Audit:
         return "\n".join(out)
 
 
-_REGION_SCOPED = ("region manifest", "WAL entry", "GC deletion")
+_REGION_SCOPED = ("region manifest", "WAL entry", "GC deletion", "writer lease")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _region_of_path(path: str) -> str | None:
-    """The region directory a path (workload/_mem_wal/{region}/...) is in, or None."""
+    """The region a path is in (workload/_mem_wal/{region}/... or a writer lease,
+    workload/_mem_wal/_writer_leases/{region}/...), or None."""
     parts = path.split("/")
     if len(parts) > 3 and parts[1] == "_mem_wal" and _UUID.fullmatch(parts[2]):
         return parts[2]
+    if len(parts) > 4 and parts[1:3] == ["_mem_wal", "_writer_leases"] and _UUID.fullmatch(parts[3]):
+        return parts[3]
     return None
 
 
@@ -247,7 +254,7 @@ def audit(rec: Recording) -> Audit:
             last_data[e.ino] = e  # type: ignore[index]
             touched[e.ino] = e  # type: ignore[index]
         elif e.kind in ("create", "link", "mkdir"):
-            entries.setdefault(e.dir, {})[e.name] = e.ino  # type: ignore[index]
+            entries.setdefault(e.dir, {})[e.name] = e.ino  # type: ignore[arg-type,assignment,index]
             names[e.ino].add((e.dir, e.name))  # type: ignore[arg-type,index]
             made[(e.dir, e.name)] = e  # type: ignore[index]
             touched[e.ino] = e  # type: ignore[index]
@@ -256,18 +263,18 @@ def audit(rec: Recording) -> Audit:
                 parent_of_dir[e.ino] = (e.dir, e.name)  # type: ignore[assignment,index]
         elif e.kind == "rename":
             entries[e.dir].pop(e.name, None)  # type: ignore[arg-type,index]
-            names[e.ino].discard((e.dir, e.name))  # type: ignore[arg-type,index]
+            names[e.ino].discard((e.dir, e.name))  # type: ignore[index]
             old = entries.setdefault(e.dir2, {}).get(e.name2)  # type: ignore[arg-type]
             if old is not None:
-                names[old].discard((e.dir2, e.name2))  # type: ignore[arg-type]
-            entries[e.dir2][e.name2] = e.ino  # type: ignore[index]
+                names[old].discard((e.dir2, e.name2))
+            entries[e.dir2][e.name2] = e.ino  # type: ignore[assignment,index]
             names[e.ino].add((e.dir2, e.name2))  # type: ignore[arg-type,index]
             made[(e.dir2, e.name2)] = e  # type: ignore[index]
             touched[e.ino] = e  # type: ignore[index]
             if e.ino in entries:
-                parent_of_dir[e.ino] = (e.dir2, e.name2)  # type: ignore[assignment,index]
+                parent_of_dir[e.ino] = (e.dir2, e.name2)  # type: ignore[assignment]
         elif e.kind in ("unlink", "rmdir"):
             entries[e.dir].pop(e.name, None)  # type: ignore[arg-type,index]
-            names[e.ino].discard((e.dir, e.name))  # type: ignore[arg-type,index]
+            names[e.ino].discard((e.dir, e.name))  # type: ignore[index]
             made.pop((e.dir, e.name), None)  # type: ignore[arg-type]
     return Audit(violations, dict(publishes))

@@ -114,14 +114,14 @@ class CrashStates:
             if e.durable_at > point and e.index not in landed:
                 continue
             if e.kind in ("create", "link", "mkdir"):
-                entries.setdefault(e.dir, {})[e.name] = e.ino  # type: ignore[index]
+                entries.setdefault(e.dir, {})[e.name] = e.ino  # type: ignore[arg-type,assignment,index]
                 if e.kind == "mkdir":
                     entries.setdefault(e.ino, {})  # type: ignore[arg-type]
             elif e.kind == "rename":
                 src = entries.setdefault(e.dir, {})  # type: ignore[arg-type]
                 if src.get(e.name) == e.ino:  # type: ignore[arg-type]
                     del src[e.name]  # type: ignore[arg-type]
-                entries.setdefault(e.dir2, {})[e.name2] = e.ino  # type: ignore[arg-type,index]
+                entries.setdefault(e.dir2, {})[e.name2] = e.ino  # type: ignore[arg-type,assignment,index]
             elif e.kind in ("unlink", "rmdir"):
                 entries.setdefault(e.dir, {}).pop(e.name, None)  # type: ignore[arg-type]
             else:  # data

@@ -75,7 +75,9 @@ def _decoded(s: str | None) -> str | None:
 
 def split_args(s: str) -> list[str]:
     """Top-level comma separated arguments (strings are hex with -xx: no quotes or commas inside)."""
-    out, cur, depth, in_str = [], [], 0, False
+    out: list[str] = []
+    cur: list[str] = []
+    depth, in_str = 0, False
     for ch in s:
         if in_str:
             in_str = ch != '"'
@@ -414,9 +416,9 @@ class _Parser:
             d = self.tree.lookup(rel)
             if d is None:
                 raise RecorderError(f"O_TMPFILE in {rel}: not in the model")
-            ino = self.tree.new("f")
-            self.last_path[ino] = f"{rel}/<O_TMPFILE {ino}>"
-            self.fds[value] = _Fd(ino)
+            tmp = self.tree.new("f")
+            self.last_path[tmp] = f"{rel}/<O_TMPFILE {tmp}>"
+            self.fds[value] = _Fd(tmp)
             return
         ino = self.tree.lookup(rel)
         if ino is None:

@@ -34,6 +34,7 @@ import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
 import lance
@@ -101,6 +102,7 @@ def create(log: Log, uri: str) -> mw.Table:
 
 def keys_of(table: mw.Table, region_id: Any, keys: range) -> list[int]:
     rows = pa.table({"id": pa.array(list(keys), pa.int64()), "value": pa.array([0.0] * len(keys))})
+    assert table.spec is not None
     values = table.spec.evaluate(rows, table.schema.field_ids)[0].to_pylist()
     return [k for k, v in zip(keys, values, strict=True) if table.region_id_for((v,)) == region_id]
 
@@ -263,7 +265,7 @@ def instrument_lance() -> None:
     package = os.path.dirname(os.path.abspath(mw.__file__)) + os.sep
 
     def caller() -> str:
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             if frame.f_code.co_filename.startswith(package):
                 rel = os.path.relpath(frame.f_code.co_filename, os.path.dirname(package.rstrip(os.sep)))

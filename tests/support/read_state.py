@@ -144,11 +144,11 @@ def check_search(ctx: datafusion.SessionContext, name: str, model: Model, rng: r
     with_vec = {key: r for key, r in model.items() if r["vec"] is not None}
     query = ", ".join(map(str, QUERY_VECTOR))
     for k in (3, 100):
-        got = sql(ctx, f"SELECT * FROM vector_search('{name}', 'vec', [{query}], {k}) ORDER BY _distance")
+        hits = sql(ctx, f"SELECT * FROM vector_search('{name}', 'vec', [{query}], {k}) ORDER BY _distance")
         want = nearest(with_vec, QUERY_VECTOR, k)
-        np.testing.assert_allclose([r["_distance"] for r in got], [d for _, d in want], atol=1e-6)
+        np.testing.assert_allclose([r["_distance"] for r in hits], [d for _, d in want], atol=1e-6)
         exact = dict(nearest(with_vec, QUERY_VECTOR, len(with_vec)))
-        for r in got:
+        for r in hits:
             distance = r.pop("_distance")
             assert r == model[r["id"]], f"stale or deleted row from vector_search: {r}"
             assert abs(distance - exact[r["id"]]) <= 1e-6

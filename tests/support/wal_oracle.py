@@ -28,6 +28,7 @@ from memwal_df.format import layout, memwal_index
 from memwal_df.format.manifest import RegionManifestStore
 from memwal_df.format.wal import CHECKSUM_KEY
 from memwal_df.table import Table
+from support.optional import not_none
 
 TOMBSTONE = "_tombstone"
 
@@ -147,8 +148,7 @@ def check_region(table: Table, region_id: uuid.UUID) -> RegionCheck:
     store = RegionManifestStore(table.storage, region_id)
     versions = store.list_versions()
     assert versions == list(range(1, len(versions) + 1)), f"manifest versions not contiguous: {versions}"
-    history = [store.read(v) for v in versions]
-    assert all(m is not None for m in history)
+    history = [not_none(store.read(v)) for v in versions]
     latest = store.latest()
     assert latest is not None and latest.version == len(versions), "latest() is not the newest version"
     epochs = [m.writer_epoch for m in history]

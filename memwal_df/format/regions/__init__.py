@@ -10,6 +10,7 @@ the submodule.
 from memwal_df.format.regions.spec import (
     RegionField,
     RegionSpec,
+    UnboundRegionField,
     UnboundRegionSpec,
     bucket,
     day,
@@ -26,6 +27,7 @@ from memwal_df.format.regions.spec import (
 __all__ = [
     "RegionField",
     "RegionSpec",
+    "UnboundRegionField",
     "UnboundRegionSpec",
     "bucket",
     "day",

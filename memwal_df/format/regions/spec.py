@@ -42,6 +42,7 @@ __all__ = [
     "MAX_NUM_BUCKETS",
     "RegionField",
     "RegionSpec",
+    "UnboundRegionField",
     "UnboundRegionSpec",
     "bucket",
     "check_key_only",
@@ -390,7 +391,9 @@ class RegionSpec:
 
 
 @dataclass(frozen=True)
-class _UnboundField:
+class UnboundRegionField:
+    """One field of an `UnboundRegionSpec`: a transform of columns named by their names."""
+
     field_id: str
     columns: tuple[str, ...]
     transform: Transform
@@ -404,7 +407,7 @@ class UnboundRegionSpec:
     Combine single-field specs with ``+`` (give each a distinct ``field_id``).
     """
 
-    fields: tuple[_UnboundField, ...]
+    fields: tuple[UnboundRegionField, ...]
     spec_id: int = DEFAULT_SPEC_ID
 
     def __add__(self, other: UnboundRegionSpec) -> UnboundRegionSpec:
@@ -479,7 +482,7 @@ def _one(
     _check_arity(transform, len(columns), field_id)
     if not isinstance(field_id, str) or not field_id:
         raise InvalidRegionSpecError("field_id must be a non-empty string")
-    return UnboundRegionSpec((_UnboundField(field_id, tuple(columns), transform, result_type),))
+    return UnboundRegionSpec((UnboundRegionField(field_id, tuple(columns), transform, result_type),))
 
 
 def bucket(column: str, num_buckets: int, *, field_id: str = DEFAULT_FIELD_ID) -> UnboundRegionSpec:

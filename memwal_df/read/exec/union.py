@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from memwal_df.read.batches import conform_batch
 from memwal_df.read.exec.base import ExecNode
+from memwal_df.read.exec.batches import conform_batch
 
 __all__ = ["UnionExec"]
 

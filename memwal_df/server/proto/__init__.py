@@ -1,0 +1,1 @@
+"""Generated protobuf code; regenerate with `make protos`."""
