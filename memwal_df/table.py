@@ -43,8 +43,7 @@ from memwal_df.format.regions.spec import UnboundRegionSpec, lance_field_ids, un
 from memwal_df.format.schema import check_keys, conform, to_table
 from memwal_df.format.storage import Storage
 from memwal_df.format.table_handle import TableHandle
-from memwal_df.format.wal import Wal
-from memwal_df.jobs import base_recovery, compaction, index_builder, index_catchup, merger
+from memwal_df.jobs import base_recovery, compaction, index_builder, index_catchup, merger, region_recovery
 from memwal_df.jobs import garbage as _gc
 from memwal_df.jobs import generation_repair as _generation_repair
 from memwal_df.jobs import health as _health
@@ -243,8 +242,7 @@ class Table(TableHandle):
 
     def _recover_region(self, region_id: uuid.UUID) -> bool:
         """Replay and flush the region if its WAL holds rows no generation covers; whether it did."""
-        m = RegionManifestStore(self.storage, region_id).latest()
-        if m is None or not Wal(self.storage, region_id).has_data_after(m.replay_after_wal_entry_position):
+        if region_recovery.unflushed(self.storage, region_id) is None:
             return False
         with self.region_writer(region_id, allow_non_key_region_columns=True):  # replays, adds no rows
             pass

@@ -39,6 +39,8 @@ from memwal_df.errors import (
 )
 from memwal_df.format.lease import now_ms
 from memwal_df.format.manifest import RegionManifestStore
+from memwal_df.format.proto import memwal_pb2 as pb
+from memwal_df.format.storage import Storage
 from memwal_df.format.wal import Wal
 from memwal_df.write import writer_lease
 from memwal_df.write.region_open import region_context
@@ -87,11 +89,20 @@ def recover_abandoned(table: TableHandle, config: WriterConfig | None = None) ->
     return result
 
 
+def unflushed(storage: Storage, region_id: uuid.UUID) -> pb.ShardManifest | None:
+    """The region's latest manifest when its WAL holds entries after the manifest's replay position
+    (acknowledged writes no flushed generation covers); None when there is nothing to replay."""
+    m = RegionManifestStore(storage, region_id).latest()
+    if m is None or not Wal(storage, region_id).has_data_after(m.replay_after_wal_entry_position):
+        return None
+    return m
+
+
 def _recover_region(table: TableHandle, region_id: uuid.UUID, config: WriterConfig) -> str:
     """`recovered`, `live`, `unleased` or `clean` (nothing to replay)."""
     storage = table.storage
-    m = RegionManifestStore(storage, region_id).latest()
-    if m is None or not Wal(storage, region_id).has_data_after(m.replay_after_wal_entry_position):
+    m = unflushed(storage, region_id)
+    if m is None:
         return "clean"
     cur = writer_lease.current(storage, region_id)
     if cur is None:
