@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -35,11 +34,9 @@ def _free_port() -> int:
 
 
 def _moto_command(port: int) -> list[str]:
-    exe = Path(sys.executable).with_name("moto_server")
-    if not exe.exists() and (found := shutil.which("moto_server")):
-        exe = Path(found)
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
-    return [*base, "-H", "127.0.0.1", "-p", str(port)]
+    """moto_server through `support/moto_atomic.py`, which makes its conditional writes atomic as on S3."""
+    launcher = Path(__file__).with_name("support") / "moto_atomic.py"
+    return [sys.executable, str(launcher), "-H", "127.0.0.1", "-p", str(port)]
 
 
 def _answers(endpoint: str) -> bool:

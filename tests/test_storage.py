@@ -464,6 +464,35 @@ def test_moto_honours_if_none_match(s3_server, s3_bucket):
 
 
 @pytest.mark.s3
+def test_s3_racing_conditional_puts_have_one_winner(s3_bucket, s3_storage_options):
+    """Conditional PUTs of one key sent at once: exactly one is created, as S3 guarantees (the test
+    server runs moto through `support/moto_atomic.py`, whose lock gives moto that guarantee)."""
+    n_threads = 12
+    st = open_storage(f"s3://{s3_bucket}/race-{uuid.uuid4()}", s3_storage_options)
+    for round_ in range(10):
+        barrier = threading.Barrier(n_threads)
+        outcomes: dict[int, bool] = {}
+
+        def race(
+            i: int,
+            barrier: threading.Barrier = barrier,
+            outcomes: dict[int, bool] = outcomes,
+            key: str = f"k/{round_}",
+        ) -> None:
+            barrier.wait()
+            outcomes[i] = st.put_if_not_exists(key, f"writer {i}".encode())
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [i for i, won in outcomes.items() if won]
+        assert len(outcomes) == n_threads and len(winners) == 1, outcomes
+        assert st.get(f"k/{round_}") == f"writer {winners[0]}".encode()
+
+
+@pytest.mark.s3
 def test_s3_put_if_not_exists_is_a_conditional_put(s3_bucket, s3_storage_options):
     st = open_storage(f"s3://{s3_bucket}/{uuid.uuid4()}", s3_storage_options)
     assert st.put_if_not_exists("m/1.binpb", b"v1")
