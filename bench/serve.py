@@ -1,8 +1,12 @@
-"""`memwal serve` over loopback against the same calls in-process: point lookups, vector searches and
-durable ingests of 1 and 1,000 rows with 1, 4 and 16 concurrent clients, and the time from an
+"""`memwal serve` over loopback against the same calls in-process: point lookups (new SQL text per
+call, and one statement prepared per client with `?` bound per call), vector searches and durable
+ingests of 1 and 1,000 rows with 1, 4 and 16 concurrent clients, and the time from an
 acknowledged write to its visibility in another client's query. Nothing is asserted: the script
 prints p50 / p99 latencies (ms), throughput, the served / in-process ratios, and the server process's
-CPU time per call (Linux: from /proc; less sensitive to other load on the machine than latencies).
+CPU time per call (Linux: from /proc; less sensitive to other load on the machine than latencies),
+and the latencies of the same client calls against `bench/flight_floor.py`, a Flight SQL server that
+does no work (with the clients' own CPU time per call): the floor that the protocol, gRPC and the
+client set on this machine.
 
 The server is a `memwal serve` child process (so clients and server do not share a GIL); the clients
 are ADBC Flight SQL connections, one per client thread. In-process calls use a `TableWriter` and a
@@ -15,6 +19,7 @@ threads.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -83,6 +88,24 @@ def start_server(uri: str, log: Path) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+def start_floor(log: Path) -> tuple[subprocess.Popen, str]:
+    """`bench/flight_floor.py` as a child process: its URL."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("flight_floor.py"))],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    if not url:
+        raise SystemExit(f"the floor server did not start: {log.read_text()[-2000:]}")
+    return proc, url
+
+
+Case = tuple[Callable[[str, int], Callable[[int], int]], Callable[[int], Callable[[int], int]]]
+
 _OPEN: list[Any] = []  # cursors and their connections, closed (in order) before the server stops
 
 
@@ -145,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     build(served_uri, args.base_rows)
     build(local_uri, args.base_rows)
     proc, url = start_server(served_uri, root / "server.log")
+    floor_proc, floor_url = start_floor(root / "floor.log")
     local = mw.open_table(local_uri)
     writer = local.writer(durable=True)
     ctx = mw.register(datafusion.SessionContext())
@@ -160,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             next_key[0] += n
         return np.arange(start, start + n)
 
-    def sql_case(text: Callable[[int, int], str]) -> tuple[Callable[[int], Callable[[int], int]], ...]:
-        def served(c: int) -> Callable[[int], int]:
-            cur = cursor(url)
+    def sql_case(text: Callable[[int, int], str]) -> Case:
+        def served(at: str, c: int) -> Callable[[int], int]:
+            cur = cursor(at)
 
             def call(i: int) -> int:
                 cur.execute(text(c, i))
@@ -175,9 +199,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return served, in_process
 
-    def ingest_case(rows: int) -> tuple[Callable[[int], Callable[[int], int]], ...]:
-        def served(c: int) -> Callable[[int], int]:
-            cur = cursor(url)
+    def bound_case(text: str, value: Callable[[int, int], int], literal: Callable[[int, int], str]) -> Case:
+        """A statement prepared once per client (`?` bound per call) against `literal` in-process."""
+
+        def served(at: str, c: int) -> Callable[[int], int]:
+            cur = cursor(at)
+
+            def call(i: int) -> int:
+                cur.execute(text, (value(c, i),))
+                return cur.fetch_arrow_table().num_rows
+
+            return call
+
+        def in_process(c: int) -> Callable[[int], int]:
+            return lambda i: ctx.sql(literal(c, i)).to_arrow_table().num_rows
+
+        return served, in_process
+
+    def ingest_case(rows: int) -> Case:
+        def served(at: str, c: int) -> Callable[[int], int]:
+            cur = cursor(at)
             r = np.random.default_rng(c)
             return lambda i: int(cur.adbc_ingest("t", data(new_keys(rows), r), mode="append"))
 
@@ -194,9 +235,16 @@ def main(argv: list[str] | None = None) -> int:
 
     lookup_rng = np.random.default_rng(3)
     keys = lookup_rng.integers(0, args.base_rows, 1_000_000)
+
+    def key(c: int, i: int) -> int:
+        return int(keys[(c * 7919 + i) % len(keys)])
+
     cases = {
-        "point lookup": (
-            sql_case(lambda c, i: f"SELECT * FROM t WHERE id = {keys[(c * 7919 + i) % len(keys)]}"),
+        "point lookup": (sql_case(lambda c, i: f"SELECT * FROM t WHERE id = {key(c, i)}"), args.ops),
+        "point lookup, bound ?": (
+            bound_case(
+                "SELECT * FROM t WHERE id = ?", key, lambda c, i: f"SELECT * FROM t WHERE id = {key(c, i)}"
+            ),
             args.ops,
         ),
         "vector search k=10": (
@@ -208,36 +256,41 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"base {args.base_rows:,} rows, 4 regions, vectors of {DIM}; server {url}")
     print(
-        f"{'case':<20} {'clients':>7} | {'served p50':>10} {'p99':>8} {'per s':>9} | "
+        f"{'case':<22} {'clients':>7} | {'served p50':>10} {'p99':>8} {'per s':>9} | "
         f"{'in-proc p50':>11} {'p99':>8} {'per s':>9} | {'p50 diff':>8} {'tput ratio':>10} | "
-        f"{'server cpu/call':>15}"
+        f"{'server cpu/call':>15} | {'floor p50':>9} {'p99':>8} {'client cpu':>12}"
     )
     try:
         for name, ((served, in_process), ops) in cases.items():
             for clients in client_counts:
                 cpu0 = cpu_seconds(proc.pid)
-                lat_s, wall_s, n_s = run(clients, ops, served)
+                lat_s, wall_s, n_s = run(clients, ops, functools.partial(served, url))
                 cpu_s = (cpu_seconds(proc.pid) - cpu0) / (clients * (ops + 1))  # + the warm-up call
                 lat_l, wall_l, n_l = run(clients, ops, in_process)
+                client_cpu0 = time.process_time()  # this process: the clients (the floor does no work)
+                lat_f, _, _ = run(clients, ops, functools.partial(served, floor_url))
+                client_cpu = (time.process_time() - client_cpu0) / (clients * (ops + 1))
                 unit = n_s if name.startswith("ingest") else clients * ops
                 unit_l = n_l if name.startswith("ingest") else clients * ops
                 p50s, p99s = np.percentile(lat_s, [50, 99]) * 1000
                 p50l, p99l = np.percentile(lat_l, [50, 99]) * 1000
+                p50f, p99f = np.percentile(lat_f, [50, 99]) * 1000
                 tput_s, tput_l = unit / wall_s, unit_l / wall_l
                 print(
-                    f"{name:<20} {clients:>7} | {p50s:>8.2f}ms {p99s:>6.2f}ms {tput_s:>9.0f} | "
+                    f"{name:<22} {clients:>7} | {p50s:>8.2f}ms {p99s:>6.2f}ms {tput_s:>9.0f} | "
                     f"{p50l:>9.2f}ms {p99l:>6.2f}ms {tput_l:>9.0f} | "
-                    f"{p50s - p50l:>+6.2f}ms {tput_s / tput_l:>10.2f} | {cpu_s * 1000:>13.2f}ms"
+                    f"{p50s - p50l:>+6.2f}ms {tput_s / tput_l:>10.2f} | {cpu_s * 1000:>13.2f}ms | "
+                    f"{p50f:>7.2f}ms {p99f:>6.2f}ms {client_cpu * 1000:>10.2f}ms"
                 )
         # acknowledged write -> another client's next query
         a, b = cursor(url), cursor(url)
         visible_first, lags = 0, []
         trials = args.ops
         for _ in range(trials):
-            key = int(new_keys(1)[0])
-            a.adbc_ingest("t", data(np.array([key]), rng), mode="append")
+            written = int(new_keys(1)[0])
+            a.adbc_ingest("t", data(np.array([written]), rng), mode="append")
             t0 = time.perf_counter()
-            b.execute(f"SELECT id FROM t WHERE id = {key}")
+            b.execute(f"SELECT id FROM t WHERE id = {written}")
             found = b.fetch_arrow_table().num_rows
             lags.append(time.perf_counter() - t0)
             visible_first += found == 1
@@ -246,12 +299,16 @@ def main(argv: list[str] | None = None) -> int:
             f"that query p50 {np.percentile(lags, 50) * 1000:.2f} ms, "
             f"p99 {np.percentile(lags, 99) * 1000:.2f} ms"
         )
-        print("(per s: calls per second for lookups and searches, rows per second for ingests)")
+        print("(per s: calls per second for lookups and searches, rows per second for ingests;")
+        print(" floor: the same client calls against bench/flight_floor.py, a server that does no work;")
+        print(" client cpu: the clients' CPU time per call in those floor calls)")
     finally:
         for handle in _OPEN:
             handle.close()
         proc.terminate()
+        floor_proc.kill()
         proc.wait(timeout=300)
+        floor_proc.wait()
         writer.close()
         shutil.rmtree(root, ignore_errors=True)
     return 0

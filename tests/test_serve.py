@@ -16,6 +16,7 @@ from support.serving import (
     SCHEMA,
     command,
     connect,
+    count_planning,
     fetch,
     flight_client,
     ingest,
@@ -134,23 +135,9 @@ def test_prepared_statements_bind_parameters(served):
         ]
 
 
-def _count_planning(server) -> list[str]:
-    """The SQL texts the server's engine plans from now on."""
-    engine = server._flight.engine
-    planned: list[str] = []
-    plan = engine._sql
-
-    def counting(text, values, **kwargs):
-        planned.append(text)
-        return plan(text, values, **kwargs)
-
-    engine._sql = counting
-    return planned
-
-
 def test_a_prepared_query_runs_its_plan_once_and_not_after_a_write(served, monkeypatch):
     server, _ = served
-    planned = _count_planning(server)
+    planned = count_planning(server)
     client, options = flight_client(server.url)
     near = "SELECT id FROM vector_search('t', 'vec', [7.0, 2.0, 1.0], 1)"  # the search runs when planned
     handle = prepare(client, options, near)
@@ -186,7 +173,7 @@ def test_an_unused_prepared_plan_expires(tmp_path, monkeypatch):
     make_table(uri, rows(list(range(100, 110)), "base"))
     monkeypatch.setattr(queries, "_PLAN_TTL_S", 0.2)
     with serve({"t": uri}) as server:
-        planned = _count_planning(server)
+        planned = count_planning(server)
         client, options = flight_client(server.url)
         handle = prepare(client, options, "SELECT count(*) AS n FROM t")
         time.sleep(0.5)

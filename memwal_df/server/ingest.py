@@ -17,6 +17,7 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 
+from memwal_df.read.dataset import MemWalTable
 from memwal_df.server.statements import Delete, Insert, tokens
 from memwal_df.server.status import InvalidRequest, TooLarge
 from memwal_df.table import Table
@@ -30,12 +31,14 @@ _CPU = pa.default_cpu_memory_manager()
 
 @dataclass
 class ServedTable:
-    """A MemWAL table the server writes: its `Table`, the server's writer, and its SQL name."""
+    """A MemWAL table the server writes: its `Table`, the server's writer, the `MemWalTable`
+    registered under its SQL name (which reads every write the writer acknowledged), and that name."""
 
     name: str
     table: Table
     writer: TableWriter
     durable: bool
+    reader: MemWalTable
 
     @property
     def schema(self) -> pa.Schema:

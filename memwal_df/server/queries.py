@@ -8,6 +8,10 @@ query without parameters is planned when it is prepared, and its first run uses 
 write or statement changed anything since (the server counts them: `Engine.changes`); any later
 run, and a run after a change, plans it again. A result that fits in a few batches is computed
 when the ticket is fetched and sent as one table; a larger one is streamed batch by batch.
+
+A point get on a served table (`SELECT ... FROM t WHERE pk = v`, `point_get`) is not planned by
+DataFusion at all: its schema comes from the table's, and the table's point lookup reads its rows
+when the ticket is fetched.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import pyarrow as pa
 from memwal_df.server.auth import Caller
 from memwal_df.server.catalog import PrimaryKeys
 from memwal_df.server.handles import Handles
-from memwal_df.server.ingest import Writes, parameter_sets
+from memwal_df.server.ingest import ServedTable, Writes, parameter_sets
 from memwal_df.server.limits import Deadline, Limits, Slots
+from memwal_df.server.point_get import Lookup, PointGet, recognize
 from memwal_df.server.protocol import pack, schema_bytes, sql
 from memwal_df.server.statements import Delete, Insert, Query, Statement, number_placeholders, parse, tokens
 from memwal_df.server.status import InvalidRequest, PermissionDenied, TooLarge, guarded_stream
@@ -61,25 +66,28 @@ class Prepared:
     parameters: int
     params: pa.Table | None = None
     returns_rows: bool = False  # a query that changes nothing: planned when prepared
+    point_get: PointGet | None = None  # its shape, when it is a point get
 
 
-def classify(text: str) -> tuple[str, Statement, int, bool]:
-    """`text` with its placeholders numbered, what statement it is, how many parameters it takes,
-    and whether it is a query that returns rows and changes nothing. Short texts are remembered:
-    a client that sends the same SQL again is not tokenized again."""
+def classify(text: str) -> Prepared:
+    """`text` as a statement without parameters bound: its placeholders numbered, what statement it
+    is, how many parameters it takes, whether it is a query that returns rows and changes nothing,
+    and its point-get shape. Short texts are remembered: a client that sends the same SQL again is
+    not tokenized again."""
     if len(text) > _CLASSIFIED_CHARS:
         return _classify(text)
     return _classified(text)
 
 
-def _classify(text: str) -> tuple[str, Statement, int, bool]:
+def _classify(text: str) -> Prepared:
     numbered, count = number_placeholders(text)
     statement = parse(numbered)
-    returns_rows = False
+    returns_rows, point_get = False, None
     if isinstance(statement, Query):
         first = tokens(statement.sql)[0]
         returns_rows = first.upper in _QUERY_WORDS or first.text == "("
-    return numbered, statement, count, returns_rows
+        point_get = recognize(statement.sql) if first.upper == "SELECT" else None
+    return Prepared(numbered, statement, count, returns_rows=returns_rows, point_get=point_get)
 
 
 _classified = functools.lru_cache(maxsize=_CLASSIFIED_TEXTS)(_classify)
@@ -132,6 +140,7 @@ class _Ticket:
     deadline: Deadline
     frame: datafusion.DataFrame | None = None  # run when fetched
     rows: pa.Table | None = None  # already computed
+    lookup: Lookup | None = None  # a point get, run when fetched
 
 
 class Engine:
@@ -173,8 +182,18 @@ class Engine:
     # ------------------------------------------------------------------ statements
 
     def prepare(self, text: str) -> Prepared:
-        numbered, statement, count, returns_rows = classify(text)
-        return Prepared(numbered, statement, count, returns_rows=returns_rows)
+        return classify(text)
+
+    def _point_get(self, prepared: Prepared) -> tuple[PointGet, ServedTable] | None:
+        """The point get `prepared` is, on the served table it names."""
+        get = prepared.point_get
+        served = self.writes.served(get.table) if get is not None else None
+        return None if get is None or served is None else (get, served)
+
+    def _lookup(self, prepared: Prepared) -> Lookup | None:
+        """The lookup answering `prepared` with its bound parameters, when it is a point get."""
+        found = self._point_get(prepared)
+        return None if found is None else found[0].lookup(found[1], prepared.params)
 
     def create_prepared(self, text: str) -> sql.ActionCreatePreparedStatementResult:
         """`CreatePreparedStatement`: the statement registered, with its result schema when it is a
@@ -183,7 +202,12 @@ class Engine:
         prepared = self.prepare(text)
         result = sql.ActionCreatePreparedStatementResult()
         plan = None
-        if prepared.returns_rows:
+        found = self._point_get(prepared)
+        point_schema = None if found is None else found[0].result_schema(found[1])
+        if point_schema is not None:
+            result.dataset_schema = schema_bytes(point_schema)
+            result.is_update = False
+        elif prepared.returns_rows:
             changes = self.changes
             try:
                 frame = self._sql(prepared.sql, None, allow=False)
@@ -241,6 +265,10 @@ class Engine:
     def schema(self, prepared: Prepared, caller: Caller) -> pa.Schema:
         if self._served_write(prepared):
             return COUNT_SCHEMA
+        if (found := self._point_get(prepared)) is not None and (
+            point_schema := found[0].result_schema(found[1])
+        ) is not None:
+            return point_schema
         with self._queries.held():
             return self._frame(prepared, caller).schema()
 
@@ -255,6 +283,8 @@ class Engine:
             count = self.update(prepared, prepared.params, caller)
             rows = pa.table({"count": pa.array([count], pa.uint64())}, schema=COUNT_SCHEMA)
             ticket = _Ticket(COUNT_SCHEMA, deadline, rows=rows)
+        elif (lookup := self._lookup(prepared)) is not None:
+            ticket = _Ticket(lookup.schema, deadline, lookup=lookup)
         else:
             sets = parameter_sets(prepared.params)
             with self._queries.held():
@@ -314,6 +344,9 @@ class Engine:
     def _batches(self, ticket: _Ticket) -> Iterator[pa.RecordBatch]:
         if ticket.rows is not None:
             yield from ticket.rows.to_batches()
+            return
+        if ticket.lookup is not None:
+            yield from ticket.lookup.run().to_batches()
             return
         assert ticket.frame is not None
         for batch in ticket.frame.execute_stream():

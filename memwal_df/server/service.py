@@ -205,8 +205,9 @@ def _open_tables(
                 log.info("table %s: replayed the WAL of %d regions", name, len(recovered))
             d = durable.get(name, True) if isinstance(durable, Mapping) else durable
             writer = table.writer(durable=d, **settings)
-            served[name] = ServedTable(name, table, writer, d)
-            ctx.register_table(name, MemWalTable(table, writer=writer))
+            reader = MemWalTable(table, writer=writer)
+            served[name] = ServedTable(name, table, writer, d, reader)
+            ctx.register_table(name, reader)
     except BaseException:
         for s in served.values():
             s.writer.close()

@@ -101,6 +101,20 @@ def prepared(handle: bytes) -> Any:
     return sql.CommandPreparedStatementQuery(prepared_statement_handle=handle)
 
 
+def count_planning(server: mw.Server) -> list[str]:
+    """The SQL texts the server's engine hands DataFusion to plan from now on (appended as planned)."""
+    engine = server._flight.engine
+    planned: list[str] = []
+    plan = engine._sql
+
+    def counting(text: str, values: Any, **kwargs: Any) -> Any:
+        planned.append(text)
+        return plan(text, values, **kwargs)
+
+    engine._sql = counting  # type: ignore[method-assign]
+    return planned
+
+
 def token_file(directory: Path, name: str, token: str) -> Path:
     path = directory / name
     path.write_text(token + "\n")
