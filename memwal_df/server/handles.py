@@ -1,8 +1,10 @@
-"""Server-side state named by opaque handles: prepared statements and query tickets.
+"""Server-side state named by opaque handles: prepared statements, query tickets and the plans kept
+for a prepared statement's first run.
 
-A handle is 16 random bytes (unguessable; every call is still checked against its caller's own
-access). The registry holds at most `capacity` entries; an entry unused for `ttl_s` seconds is
-dropped, and a full registry refuses new entries with UNAVAILABLE.
+A handle made here is 16 random bytes (unguessable; every call is still checked against its caller's
+own access). The registry holds at most `capacity` entries; an entry unused for `ttl_s` seconds is
+dropped. A full registry refuses new entries with UNAVAILABLE, or drops its least recently used
+entry instead when it only caches (`evict=True`).
 """
 
 from __future__ import annotations
@@ -21,25 +23,33 @@ T = TypeVar("T")
 
 
 class Handles(Generic[T]):
-    def __init__(self, what: str, capacity: int, ttl_s: float) -> None:
+    def __init__(self, what: str, capacity: int, ttl_s: float, *, evict: bool = False) -> None:
         self._what = what
         self._capacity = capacity
         self._ttl_s = ttl_s
+        self._evict = evict
         self._entries: OrderedDict[bytes, tuple[float, T]] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
 
     def add(self, value: T) -> bytes:
+        """Hold `value` under a new handle: that handle."""
         handle = secrets.token_bytes(16)
+        self.put(handle, value)
+        return handle
+
+    def put(self, handle: bytes, value: T) -> None:
+        """Hold `value` under `handle` (one the caller made, e.g. its statement's)."""
         now = time.monotonic()
         with self._lock:
             self._expire(now)
-            if len(self._entries) >= self._capacity:
-                raise Busy(
-                    f"too many open {self._what}s ({self._capacity}): close some, or wait "
-                    f"{self._ttl_s:g} s for unused ones to expire"
-                )
+            while len(self._entries) >= self._capacity:
+                if not self._evict:
+                    raise Busy(
+                        f"too many open {self._what}s ({self._capacity}): close some, or wait "
+                        f"{self._ttl_s:g} s for unused ones to expire"
+                    )
+                self._entries.popitem(last=False)
             self._entries[handle] = (now, value)
-        return handle
 
     def get(self, handle: bytes) -> T:
         now = time.monotonic()
@@ -60,12 +70,16 @@ class Handles(Generic[T]):
             self._entries.move_to_end(handle)
 
     def pop(self, handle: bytes) -> T:
+        if (value := self.discard(handle)) is None:
+            raise NotFound(f"no such {self._what} (closed, already used, or expired)")
+        return value
+
+    def discard(self, handle: bytes) -> T | None:
+        """Remove and return the entry of `handle`, None when there is none."""
         with self._lock:
             self._expire(time.monotonic())
             entry = self._entries.pop(handle, None)
-        if entry is None:
-            raise NotFound(f"no such {self._what} (closed, already used, or expired)")
-        return entry[1]
+        return None if entry is None else entry[1]
 
     def __len__(self) -> int:
         with self._lock:

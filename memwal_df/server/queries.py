@@ -19,8 +19,6 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -97,41 +95,6 @@ _classified = functools.lru_cache(maxsize=_CLASSIFIED_TEXTS)(_classify)
 class _Plan:
     frame: datafusion.DataFrame
     changes: int  # `Engine.changes` before it was planned
-    made: float  # time.monotonic()
-
-
-class _Plans:
-    """Plans of prepared queries for their first run, by statement handle: at most `capacity` (the
-    oldest dropped first), each for at most `ttl_s` seconds."""
-
-    def __init__(self, capacity: int, ttl_s: float) -> None:
-        self._capacity = capacity
-        self._ttl_s = ttl_s
-        self._plans: OrderedDict[bytes, _Plan] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, handle: bytes, plan: _Plan) -> None:
-        with self._lock:
-            self._expire(plan.made)
-            while len(self._plans) >= self._capacity:
-                self._plans.popitem(last=False)
-            self._plans[handle] = plan
-
-    def pop(self, handle: bytes) -> _Plan | None:
-        with self._lock:
-            self._expire(time.monotonic())
-            return self._plans.pop(handle, None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._plans)
-
-    def _expire(self, now: float) -> None:
-        while self._plans:
-            plan = next(iter(self._plans.values()))
-            if now - plan.made <= self._ttl_s:
-                return
-            self._plans.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -167,8 +130,12 @@ class Engine:
         )
         self._queries = Slots("query", limits.max_concurrent_queries, limits.queue_timeout_s)
         self._writes = Slots("write", limits.max_concurrent_writes, limits.queue_timeout_s)
-        self._plans = _Plans(
-            min(_PLANS, limits.max_open_statements), min(_PLAN_TTL_S, limits.statement_ttl_s)
+        # Plans of prepared queries for their first run, by statement handle: a cache.
+        self._plans: Handles[_Plan] = Handles(
+            "prepared plan",
+            min(_PLANS, limits.max_open_statements),
+            min(_PLAN_TTL_S, limits.statement_ttl_s),
+            evict=True,
         )
         self._changes_lock = threading.Lock()
         self.changes = 0  # writes and statements run that may change what a plan holds
@@ -219,7 +186,7 @@ class Engine:
                     raise  # bad SQL: say so now
             else:
                 if prepared.parameters == 0:
-                    plan = _Plan(frame, changes, time.monotonic())
+                    plan = _Plan(frame, changes)
             result.is_update = False
         else:
             result.is_update = True
@@ -230,7 +197,7 @@ class Engine:
         return result
 
     def close_prepared(self, handle: bytes) -> None:
-        self._plans.pop(handle)
+        self._plans.discard(handle)
         self.prepared.pop(handle)
 
     def _planned(self, handle: bytes | None, prepared: Prepared) -> datafusion.DataFrame | None:
@@ -238,7 +205,7 @@ class Engine:
         nothing changed since it was made (None: plan it now)."""
         if handle is None:
             return None
-        plan = self._plans.pop(handle)  # used once
+        plan = self._plans.discard(handle)  # used once
         if plan is None or prepared.params is not None or plan.changes != self.changes:
             return None
         return plan.frame
