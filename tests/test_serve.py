@@ -135,6 +135,26 @@ def test_prepared_statements_bind_parameters(served):
         ]
 
 
+def test_prepared_statements_report_the_parameter_types_the_server_knows(served):
+    server, _ = served
+    with connect(server.url) as conn, conn.cursor() as cur:
+        # a point get's placeholders take the key's type, an INSERT's the columns' types
+        key = pa.schema([("$1", pa.int64()), ("$2", pa.int64())])
+        assert cur.adbc_prepare("SELECT name FROM t WHERE id IN (?, ?)") == key
+        insert = cur.adbc_prepare("INSERT INTO t (name, id) VALUES (?, ?)")
+        assert insert == pa.schema([("$1", pa.string()), ("$2", pa.int64())])
+        assert cur.adbc_prepare("INSERT INTO t VALUES (?, ?, ?)") == pa.schema(
+            [("$1", pa.int64()), ("$2", pa.string()), ("$3", SCHEMA.field("vec").type)]
+        )
+        # where DataFusion would have to infer them, none is sent
+        assert cur.adbc_prepare("SELECT count(*) FROM t WHERE id > ?") is None
+        assert cur.adbc_prepare("INSERT INTO t (id, name) SELECT ?, upper(?)") is None
+        # parameters bound in the reported types run
+        cur.execute("INSERT INTO t (name, id) VALUES (?, ?)", ("typed", 41))
+        cur.execute("SELECT name FROM t WHERE id IN (?, ?)", (41, 100))
+        assert sorted(cur.fetchall()) == [("base100",), ("typed",)]
+
+
 def test_a_prepared_query_runs_its_plan_once_and_not_after_a_write(served, monkeypatch):
     server, _ = served
     planned = count_planning(server)

@@ -23,7 +23,16 @@ from memwal_df.server.status import InvalidRequest, TooLarge
 from memwal_df.table import Table
 from memwal_df.write.table_writer import TableWriter
 
-__all__ = ["WRITE_MODES", "ServedTable", "Writes", "bind_rows", "parameter_sets", "read_stream"]
+__all__ = [
+    "WRITE_MODES",
+    "ServedTable",
+    "Writes",
+    "bind_rows",
+    "insert_parameter_schema",
+    "parameter_sets",
+    "placeholder_row",
+    "read_stream",
+]
 
 WRITE_MODES = ("upsert", "partial", "insert_if_absent")
 _CPU = pa.default_cpu_memory_manager()
@@ -67,6 +76,16 @@ def bind_rows(source: str, params: pa.Table | None) -> pa.Table | None:
     None when `source` is anything else."""
     if params is None:
         return None
+    n = placeholder_row(source)
+    if n is None:
+        return None
+    if n != params.num_columns:
+        raise InvalidRequest(f"the statement takes {n} parameters, {params.num_columns} were bound")
+    return pa.Table.from_arrays(params.columns, names=[f"column{i}" for i in range(1, n + 1)])
+
+
+def placeholder_row(source: str) -> int | None:
+    """n when `source` is `VALUES ($1, ..., $n)` (every value a placeholder, in order), else None."""
     toks = tokens(source)
     if len(toks) < 3 or toks[0].upper != "VALUES" or toks[1].text != "(" or toks[-1].text != ")":
         return None
@@ -76,9 +95,17 @@ def bind_rows(source: str, params: pa.Table | None) -> pa.Table | None:
         f"${i}" for i in range(1, len(values) + 1)
     ]:
         return None
-    if len(values) != params.num_columns:
-        raise InvalidRequest(f"the statement takes {len(values)} parameters, {params.num_columns} were bound")
-    return pa.Table.from_arrays(params.columns, names=[f"column{i}" for i in range(1, len(values) + 1)])
+    return len(values)
+
+
+def insert_parameter_schema(served: ServedTable, stmt: Insert) -> pa.Schema | None:
+    """The types of the placeholders of `INSERT INTO served [(columns)] VALUES ($1, ..., $n)`: the
+    named columns' types (or the table's columns', in order); None for any other source."""
+    n = placeholder_row(stmt.source)
+    names = list(stmt.columns) if stmt.columns is not None else served.schema.names
+    if n != len(names) or not all(c in served.schema.names for c in names):
+        return None
+    return pa.schema([pa.field(f"${i}", served.schema.field(c).type) for i, c in enumerate(names, start=1)])
 
 
 class Writes:

@@ -64,6 +64,15 @@ class PointGet:
             return None
         return pa.schema([schema.field(c) for c in self.columns])
 
+    def parameter_schema(self, served: ServedTable) -> pa.Schema | None:
+        """The types of its placeholders, `$1 ... $n` (each the key's type); None without any, when
+        they are not numbered 1 to n, or when the statement is no point get of `served`."""
+        numbers = {int(v.text[1:]) for v in self.values if v.kind == "param"}
+        if not numbers or numbers != set(range(1, len(numbers) + 1)) or self.result_schema(served) is None:
+            return None
+        key_type = served.table.schema.key_schema.field(self.key).type
+        return pa.schema([pa.field(f"${n}", key_type) for n in sorted(numbers)])
+
     def lookup(self, served: ServedTable, params: pa.Table | None) -> Lookup | None:
         """The lookup answering this statement with `params` bound (one parameter set at most); None
         when DataFusion must run it instead (see the module docstring)."""

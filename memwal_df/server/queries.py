@@ -29,7 +29,7 @@ import pyarrow as pa
 from memwal_df.server.auth import Caller
 from memwal_df.server.catalog import PrimaryKeys
 from memwal_df.server.handles import Handles
-from memwal_df.server.ingest import ServedTable, Writes, parameter_sets
+from memwal_df.server.ingest import ServedTable, Writes, insert_parameter_schema, parameter_sets
 from memwal_df.server.limits import Deadline, Limits, Slots
 from memwal_df.server.point_get import Lookup, PointGet, recognize
 from memwal_df.server.protocol import pack, schema_bytes, sql
@@ -190,11 +190,23 @@ class Engine:
             result.is_update = False
         else:
             result.is_update = True
+        if (parameters := self._parameter_schema(prepared)) is not None:
+            result.parameter_schema = schema_bytes(parameters)
         handle = self.prepared.add(prepared)
         if plan is not None:
             self._plans.put(handle, plan)
         result.prepared_statement_handle = handle
         return result
+
+    def _parameter_schema(self, prepared: Prepared) -> pa.Schema | None:
+        """The types of a statement's placeholders where the server knows them: a point get's (the
+        key's type) and those of `INSERT INTO served VALUES ($1, ..., $n)` (the columns' types)."""
+        if (found := self._point_get(prepared)) is not None:
+            return found[0].parameter_schema(found[1])
+        s = prepared.statement
+        if isinstance(s, Insert) and (served := self.writes.served(s.table)) is not None:
+            return insert_parameter_schema(served, s)
+        return None
 
     def close_prepared(self, handle: bytes) -> None:
         self._plans.discard(handle)
