@@ -178,6 +178,13 @@ def test_a_prepared_query_runs_its_plan_once_and_not_after_a_write(served, monke
         fetch(client, options, statement("CREATE VIEW v AS SELECT id FROM t"))
     assert fetch(client, options, prepared(handle)).column("id").to_pylist() == [7]
     assert len(planned) == 7
+    # so does a write an embedding program makes through the server's writer (7 moves away, 8 is nearest)
+    handle = prepare(client, options, near)
+    far = pa.array([[9.0, 9.0, 9.0]], SCHEMA.field("vec").type)
+    moved = pa.table({"id": [7], "name": ["r7"], "vec": far})
+    server.tables["t"].writer.put(pa.concat_tables([moved, rows([8])]))
+    assert fetch(client, options, prepared(handle)).column("id").to_pylist() == [8]
+    assert len(planned) == 9
     # a closed statement's plan is dropped with it; an unused plan expires
     engine = server._flight.engine
     handle = prepare(client, options, near)

@@ -138,13 +138,20 @@ class Engine:
             evict=True,
         )
         self._changes_lock = threading.Lock()
-        self.changes = 0  # writes and statements run that may change what a plan holds
+        self._statements = 0  # writes and statements run here that may change what a plan holds
+
+    @property
+    def changes(self) -> int:
+        """A count that has grown whenever what a query reads may have changed: the writes and
+        statements the server ran, and the writes of the served tables' writers (also those an
+        embedding program makes through `Server.tables[name].writer`)."""
+        return self._statements + sum(s.writer.write_count for s in self.writes.tables.values())
 
     def _changed(self) -> None:
         """Count a write or statement that may have changed what a query reads (called once it is
         applied, before it is acknowledged): plans made before it are not used after it."""
         with self._changes_lock:
-            self.changes += 1
+            self._statements += 1
 
     # ------------------------------------------------------------------ statements
 

@@ -87,6 +87,8 @@ class TableWriter:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # guards opening region writers and the pool
         self._closed = False
+        self._count_lock = threading.Lock()
+        self._write_count = 0
 
     def put(
         self, data: Any, *, partial: bool = False, if_match: Mapping[str, Any] | None = None
@@ -186,8 +188,18 @@ class TableWriter:
     def _run_writes(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
         """Run the regions' writes: durable ones concurrently (each waits for its WAL append), others
         one after the other in this thread (they wait for nothing, and threads would only contend
-        for the interpreter)."""
-        return self._run(calls, concurrently=self.config.durable_write)
+        for the interpreter). Counted once they ran (`write_count`), also when one failed."""
+        try:
+            return self._run(calls, concurrently=self.config.durable_write)
+        finally:
+            with self._count_lock:
+                self._write_count += 1
+
+    @property
+    def write_count(self) -> int:
+        """How many writes (`put`, `delete`, `insert_if_absent` chunks) this writer has run, failed
+        ones included: it has grown whenever what its readers see may have changed."""
+        return self._write_count
 
     def _open(self, values: list[tuple[Any, ...]]) -> tuple[list[RegionWriter | None], list[MemWalError]]:
         """The writer of each region (None where the region's manifest or WAL entry cannot be
