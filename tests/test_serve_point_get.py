@@ -10,7 +10,7 @@ from datetime import timedelta
 import datafusion
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.serving import connect, count_planning, make_table, query, rows
 
@@ -18,6 +18,7 @@ import memwal_df as mw
 from memwal_df import serve
 from memwal_df.server.point_get import PointGet, recognize
 from memwal_df.server.statements import tokens
+from memwal_df.server.status import InvalidRequest
 
 
 def _values(text: str) -> tuple[str, ...]:
@@ -86,6 +87,13 @@ def both(tmp_path):
     ctx = mw.register(datafusion.SessionContext())
     with serve({"t": str(tmp_path / "t"), "s": str(tmp_path / "s")}, ctx=ctx) as server:
         yield server, ctx
+
+
+@pytest.fixture
+def served_tables(both):
+    """The served tables of `both` by name."""
+    server, _ = both
+    return server.tables
 
 
 def _datafusion(ctx: datafusion.SessionContext, text: str, params: tuple[object, ...] = ()) -> pa.Table:
@@ -212,3 +220,50 @@ def test_point_gets_follow_a_model_across_flushes_and_merges(tmp_path_factory, o
                 got = query(conn, text).sort_by("id").to_pylist()
                 expected = [{"id": k, "name": model[k]} for k in sorted(set(keys)) if k in model]
                 assert got == expected, (text, got, expected)
+
+
+VALUES = st.sampled_from(
+    ["5", "-5", "101", "9223372036854775808", "'a'", "'it''s'", "''", "$1", "$2", "1.5", "NULL"]
+)
+SHAPED = st.builds(
+    lambda cols, where, values, use_in, tail: (
+        f"SELECT {cols} FROM {where[0]} WHERE {where[1]} "
+        + (f"IN ({', '.join(values)})" if use_in else f"= {values[0]}")
+        + tail
+    ),
+    st.sampled_from(["*", "*", "id", "name, id", "k", "v, k", '"id"', "id, id", "nope"]),
+    st.sampled_from([("t", "id"), ("s", "k"), ("T", "ID"), ('"t"', '"id"'), ("t", "k"), ("nope", "id")]),
+    st.lists(VALUES, min_size=1, max_size=4),
+    st.booleans(),
+    st.sampled_from(["", "", ";", " LIMIT 1"]),
+)
+SOUP = st.lists(
+    st.sampled_from(
+        ["SELECT", "*", "id", ",", "FROM", "t", "WHERE", "=", "IN", "(", ")", "-", "5", "'a", "$1", "?"]
+    ),
+    max_size=12,
+).map(" ".join)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    text=st.one_of(SHAPED, SOUP),
+    value=st.one_of(st.none(), st.integers(), st.text(max_size=3), st.floats(allow_nan=False)),
+)
+def test_any_text_is_a_point_get_or_not_and_never_an_error(served_tables, text, value):
+    """`recognize` and `lookup` on statements near the shape and on token soup: a shape or None, a
+    lookup or None, and a lookup runs; the tokenizer's refusal of an unterminated literal is the only
+    error."""
+    try:
+        get = recognize(text)
+    except InvalidRequest:
+        return
+    if get is None:
+        return
+    params = None if value is None else pa.table({"1": [value]})
+    for served in served_tables.values():
+        lookup = get.lookup(served, params)
+        event("answered by a lookup" if lookup is not None else "left to DataFusion")
+        if lookup is not None:
+            assert lookup.schema.names == (list(get.columns) if get.columns else served.reader.schema.names)
+            assert lookup.run().schema.equals(lookup.schema)
