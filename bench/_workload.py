@@ -91,6 +91,18 @@ class Workload:
     upsert_rows: int
 
 
+def vector_rows(ids: np.ndarray, rng: np.random.Generator, dim: int = 32) -> pa.Table:
+    """Rows of a small serving-style table: `id` int64, `name` `n{id}`, `vec` float32 x `dim`."""
+    vecs = rng.random((len(ids), dim), dtype=np.float32)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "name": pa.array(np.char.add("n", ids.astype(str))),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), dim),
+        }
+    )
+
+
 def make_workload(base_rows: int, upsert_rows: int, batch: int, singles: int, seed: int = 42) -> Workload:
     """Base rows 0..base_rows-1, then `upsert_rows` upserts in `batch`-row tables (half updates of random
     base keys, half new keys counting up from base_rows), then `singles` one-row tables of new keys."""

@@ -36,6 +36,7 @@ import adbc_driver_flightsql.dbapi as flightsql
 import datafusion
 import numpy as np
 import pyarrow as pa
+from _workload import vector_rows
 
 import memwal_df as mw
 
@@ -44,14 +45,7 @@ VEC = pa.list_(pa.float32(), DIM)
 
 
 def data(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
-    vecs = rng.random((len(ids), DIM), dtype=np.float32)
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "name": pa.array(np.char.add("n", ids.astype(str))),
-            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM),
-        }
-    )
+    return vector_rows(ids, rng, DIM)
 
 
 def build(uri: str, base_rows: int) -> None:

@@ -240,9 +240,7 @@ def test_empty_memtable() -> None:
     assert mt.newest().num_rows == 0 and mt.newest().schema == INT.wal
     assert mt.to_table().num_rows == 0
     for asked in ([1], []):
-        looked, at = (
-            KeyDirectory().level([mt]).find(None, pk_index_key([pa.array(asked, pa.int64())]), ["v"])
-        )
+        looked, at = KeyDirectory().level([mt]).find(None, pk_index_key([pa.array(asked, pa.int64())]), ["v"])
         assert looked.num_rows == 0 and at.tolist() == [-1] * len(asked)
     mt.append(INT.batch([]))
     assert mt.batches == [] and mt.bloom == BloomFilter.empty()
@@ -420,3 +418,42 @@ def test_key_directory_compares_keys_as_arrow_hashing_does(key_type: pa.DataType
     rows, at = KeyDirectory().level([mt]).find(None, newest.column("id").combine_chunks(), ["id", "v"])
     assert (at >= 0).all()
     assert rows.take(pa.array(at)).column("v").to_pylist() == newest.column("v").to_pylist()
+
+
+@pytest.mark.parametrize("kind_name", list(KINDS))
+def test_snapshots_answer_as_of_when_they_were_taken_against_model(kind_name: str) -> None:
+    """A snapshot taken between writes, read only after later writes (and a seal): its rows (copied
+    when first asked for), its keys and its lookups by key are those of the moment it was taken."""
+    kind = KINDS[kind_name]
+
+    @HYP
+    @given(ops_strategy(kind), st.lists(st.booleans(), min_size=6, max_size=6))
+    def run(batches_ops: list, read_now: list[bool]) -> None:
+        mt = MemTable(2, kind.wal, kind.pk)
+        all_rows: list[dict[str, Any]] = []
+        taken = []  # (snapshot, the model's newest rows then)
+        for i, ops in enumerate(batches_ops):
+            rows = [kind.row(k, v, t) for k, v, t in ops]
+            mt.append(kind.batch(rows))
+            all_rows += rows
+            if not all_rows:
+                continue
+            newest = {kind.key_of(r): p for p, r in enumerate(all_rows)}
+            snapshot = mt.snapshot()
+            if read_now[i]:
+                snapshot.table  # noqa: B018 - copied now, before the later writes
+            taken.append((snapshot, newest))
+        mt.seal()
+        names = [f.name for f in kind.schema]
+        for snapshot, newest in taken:
+            positions = sorted(newest.values())
+            assert snapshot.table.to_pylist() == [all_rows[p] for p in positions]
+            assert pk_index_key([snapshot.table.column(c) for c in kind.pk]).equals(snapshot.keys)
+            asked = [kind.key_of(all_rows[p]) for p in positions[::2]]
+            found = snapshot.positions_of(pk_index_key(kind.key_columns(asked)))
+            assert found.tolist() == sorted(newest[k] for k in asked)
+            assert snapshot.take(found, names).to_pylist() == [
+                {c: all_rows[p][c] for c in [*names, TOMBSTONE]} for p in found.tolist()
+            ]
+
+    run()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -148,20 +149,32 @@ class MemTable:
         if self._sealed_newest is not None:
             return self._sealed_newest
         positions = self._newest_positions()
-        table = self.to_table()
+        return self.newest_at(len(self.batches), positions), positions
+
+    def newest_at(self, batches: int, positions: np.ndarray | None) -> pa.Table:
+        """`newest()` as it was when the MemTable held its first `batches` batches, whose newest rows
+        were at `positions` (None: every row). A sealed MemTable's is made once, as one chunk
+        (`take_rows` then takes from it without combining batches)."""
+        sealed = self._sealed_newest
+        if sealed is not None and batches == len(self.batches):
+            return sealed[0]
+        table = pa.Table.from_batches(self.batches[:batches], schema=self.schema)
         if positions is not None:
-            keep = np.zeros(self.num_rows, dtype=bool)
+            keep = np.zeros(table.num_rows, dtype=bool)
             keep[positions] = True  # a filter keeps forward order and copies each kept row once
             table = table.filter(pa.array(keep))
-        if self._sealed:  # one chunk: `take_rows` then takes from it without combining batches
+        if self._sealed and batches == len(self.batches):
             self._sealed_newest = (table.combine_chunks(), positions)
-            return self._sealed_newest
-        return table, positions
+            return self._sealed_newest[0]
+        return table
 
     def snapshot(self) -> MemTableSnapshot:
-        """`newest()` now, with access to the MemTable indexes for those rows."""
-        table, positions = self._newest()
-        return MemTableSnapshot(self.generation, table, self, len(self.batches), self.num_rows, positions)
+        """The newest row of every key now: their positions and keys at once, their rows when a
+        reader asks for them (`MemTableSnapshot.table`), and the MemTable indexes for them."""
+        positions = self._newest_positions()
+        keys = self._newest_cache[3]
+        assert keys is not None, "a snapshot is taken of a MemTable with rows"
+        return MemTableSnapshot(self.generation, self, len(self.batches), self.num_rows, positions, keys)
 
     def take_rows(self, positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
         """The rows at `positions` (ascending, each the newest row of its key): `columns` and
@@ -228,15 +241,34 @@ def _with_positions(keys: pa.Table) -> tuple[pa.Table, str]:
 
 @dataclass(frozen=True, eq=False)
 class MemTableSnapshot:
-    """A MemTable's newest rows at one moment (`table`, row i = MemTable row `positions[i]`, or row i
-    when `positions` is None) and its indexes over the `rows` rows of its first `batches` batches."""
+    """A MemTable's newest rows at one moment, the `rows` rows of its first `batches` batches: their
+    positions (row i of `table` is MemTable row `positions[i]`, or row i when `positions` is None),
+    their `keys` (`pk_index_key`-encoded, in the same order), the rows themselves (`table`, copied
+    when first asked for: a point lookup takes only its rows, `take`), and the MemTable's indexes."""
 
     generation: int
-    table: pa.Table
     memtable: MemTable
     batches: int
     rows: int
     positions: np.ndarray | None
+    keys: pa.Array
+
+    @cached_property
+    def table(self) -> pa.Table:
+        """The newest rows, one per key, tombstones included, in forward write order."""
+        return self.memtable.newest_at(self.batches, self.positions)
+
+    def positions_of(self, wanted: pa.Array) -> np.ndarray:
+        """The MemTable positions (ascending) of the newest rows whose key is in `wanted` (keys
+        encoded as `pk_index_key` encodes them)."""
+        if wanted.type != self.keys.type:
+            wanted = wanted.cast(self.keys.type)
+        hit = np.flatnonzero(pc.is_in(self.keys, value_set=wanted).to_numpy(zero_copy_only=False))
+        return hit.astype(np.int64) if self.positions is None else self.positions[hit]
+
+    def take(self, positions: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """The rows at MemTable `positions` (from `positions_of`): `columns` and `_tombstone`."""
+        return self.memtable.take_rows(positions, columns)
 
     def vectors(self, column: str) -> VectorRows | None:
         """The vector index of `column` over the MemTable's rows (indexing what it does not cover)."""

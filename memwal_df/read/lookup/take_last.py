@@ -171,14 +171,11 @@ class TakeLastExec(ExecNode):
         yield from self._base(self.source)
 
     def _memtable(self, level: MemTableLevel) -> pa.Table:
+        """The newest rows of the keys, taken by position: the snapshot's keys are matched, and only
+        the matching rows are copied."""
         self.method = "key hash match"
-        table, held = level.table, level.keys(self.primary_key)  # the level's keys: encoded once
-        assert held is not None
-        wanted = encode_keys(self.keys, self.primary_key)
-        if wanted.type != held.type:
-            wanted = wanted.cast(held.type)
-        table = table.filter(pc.is_in(held, value_set=wanted))
-        return last_per_key(table, self.primary_key).select([*self.columns, TOMBSTONE])
+        snapshot = level.source
+        return snapshot.take(snapshot.positions_of(encode_keys(self.keys, self.primary_key)), self.columns)
 
     def _generation(self, level: GenerationLevel) -> pa.Table | None:
         ds = level.dataset()

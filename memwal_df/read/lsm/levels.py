@@ -150,13 +150,22 @@ class Level(ABC):
 
 @dataclass
 class MemTableLevel(Level):
-    """An unflushed MemTable's rows (newest per key, tombstones included), copied at planning time;
-    `source` is the MemTable they were copied from, with its indexes."""
+    """An unflushed MemTable's rows (newest per key, tombstones included) as of planning time:
+    `source`, the MemTable's snapshot, holds their positions and keys, copies the rows when a reader
+    first asks for them (`table`), and gives access to the MemTable's indexes."""
 
     noun: ClassVar[str] = "memtable"
-    table: pa.Table
-    source: MemTableSnapshot | None = field(default=None, repr=False, compare=False)
+    source: MemTableSnapshot = field(repr=False, compare=False)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
+
+    @property
+    def table(self) -> pa.Table:
+        """Its rows, copied when first asked for (`MemTableSnapshot.table`)."""
+        return self.source.table
+
+    def keys(self, primary_key: Sequence[str]) -> pa.Array:
+        """Every key it holds, as the snapshot took them (no copy of its rows)."""
+        return self.source.keys
 
     def memo(self, name: str, compute: Callable[[], T]) -> T:
         if name not in self._memo:

@@ -305,7 +305,7 @@ def _region_levels(
     merged generations that the manifest still lists go to `merged` (catch-up plans read them)."""
     floor = merged.get(region_id, 0)
     levels: list[Level] = [
-        MemTableLevel(region_id, mt.generation, table.storage, mt.table, source=mt)
+        MemTableLevel(region_id, mt.generation, table.storage, mt)
         for mt in reversed(memtables.get(region_id, []))
     ]
     flushed = [
