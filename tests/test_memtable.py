@@ -442,11 +442,18 @@ def test_snapshots_answer_as_of_when_they_were_taken_against_model(kind_name: st
             snapshot = mt.snapshot()
             if read_now[i]:
                 snapshot.table  # noqa: B018 - copied now, before the later writes
+            else:  # a projection first: copies only that column
+                assert snapshot.columns(kind.pk).to_pylist() == [
+                    {c: all_rows[p][c] for c in kind.pk} for p in sorted(newest.values())
+                ]
             taken.append((snapshot, newest))
         mt.seal()
         names = [f.name for f in kind.schema]
         for snapshot, newest in taken:
             positions = sorted(newest.values())
+            assert snapshot.columns([TOMBSTONE]).column(0).to_pylist() == [
+                all_rows[p][TOMBSTONE] for p in positions
+            ]
             assert snapshot.table.to_pylist() == [all_rows[p] for p in positions]
             assert pk_index_key([snapshot.table.column(c) for c in kind.pk]).equals(snapshot.keys)
             asked = [kind.key_of(all_rows[p]) for p in positions[::2]]

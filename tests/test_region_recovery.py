@@ -112,9 +112,10 @@ def test_a_maintain_round_after_the_lease_expired_makes_a_killed_writers_rows_vi
 def test_maintain_rounds_never_claim_a_live_writers_region(tmp_path):
     table = mw.create_table(str(tmp_path / "t"), BASE, "id", region_spec=mw.bucket("id", 2))
     log = tmp_path / "writer.log"
+    # The lease is renewed every 3 s: a TTL of a few seconds can lapse while fsyncs stall on a busy disk.
     proc = spawn(
         "write", table.uri, None, tmp_path, seed=5, keys=30, seconds=10, log=str(log),
-        settings={"lease_ttl_s": 4.0},
+        settings={"lease_ttl_s": 9.0},
     )  # fmt: skip
     rounds = []
     try:

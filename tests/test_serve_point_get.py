@@ -248,7 +248,9 @@ SOUP = st.lists(
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     text=st.one_of(SHAPED, SOUP),
-    value=st.one_of(st.none(), st.integers(), st.text(max_size=3), st.floats(allow_nan=False)),
+    value=st.one_of(
+        st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=3), st.floats(allow_nan=False)
+    ),
 )
 def test_any_text_is_a_point_get_or_not_and_never_an_error(served_tables, text, value):
     """`recognize` and `lookup` on statements near the shape and on token soup: a shape or None, a

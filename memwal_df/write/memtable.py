@@ -151,18 +151,20 @@ class MemTable:
         positions = self._newest_positions()
         return self.newest_at(len(self.batches), positions), positions
 
-    def newest_at(self, batches: int, positions: np.ndarray | None) -> pa.Table:
+    def newest_at(
+        self, batches: int, positions: np.ndarray | None, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         """`newest()` as it was when the MemTable held its first `batches` batches, whose newest rows
-        were at `positions` (None: every row). A sealed MemTable's is made once, as one chunk
-        (`take_rows` then takes from it without combining batches)."""
+        were at `positions` (None: every row); only `columns` (None: all), copying only those. A
+        sealed MemTable's whole one is made once, as one chunk (`take_rows` then takes from it
+        without combining batches)."""
         sealed = self._sealed_newest
         if sealed is not None and batches == len(self.batches):
-            return sealed[0]
+            return sealed[0] if columns is None else sealed[0].select(list(columns))
         table = pa.Table.from_batches(self.batches[:batches], schema=self.schema)
-        if positions is not None:
-            keep = np.zeros(table.num_rows, dtype=bool)
-            keep[positions] = True  # a filter keeps forward order and copies each kept row once
-            table = table.filter(pa.array(keep))
+        if columns is not None:
+            return _kept(table.select(list(columns)), positions)
+        table = _kept(table, positions)
         if self._sealed and batches == len(self.batches):
             self._sealed_newest = (table.combine_chunks(), positions)
             return self._sealed_newest[0]
@@ -213,6 +215,15 @@ class MemTable:
         return pa.Table.from_batches(parts, schema=schema)
 
 
+def _kept(table: pa.Table, positions: np.ndarray | None) -> pa.Table:
+    """The rows of `table` at `positions` (ascending; None: all of them)."""
+    if positions is None:
+        return table
+    keep = np.zeros(table.num_rows, dtype=bool)
+    keep[positions] = True  # a filter keeps forward order and copies each kept row once
+    return table.filter(pa.array(keep))
+
+
 def _newest_of(keys: pa.Array) -> np.ndarray | None:
     """Ascending positions of the last row of each key in `keys`; None when no key repeats."""
     n = len(keys)
@@ -257,6 +268,12 @@ class MemTableSnapshot:
     def table(self) -> pa.Table:
         """The newest rows, one per key, tombstones included, in forward write order."""
         return self.memtable.newest_at(self.batches, self.positions)
+
+    def columns(self, names: Sequence[str]) -> pa.Table:
+        """The newest rows' `names` columns, copying only those unless `table` was made."""
+        if "table" in self.__dict__:  # made already (`cached_property` keeps it there)
+            return self.table.select(list(names))
+        return self.memtable.newest_at(self.batches, self.positions, names)
 
     def positions_of(self, wanted: pa.Array) -> np.ndarray:
         """The MemTable positions (ascending) of the newest rows whose key is in `wanted` (keys

@@ -178,6 +178,8 @@ class MemTableLevel(Level):
         filter: pc.Expression | None = None,
         schema: pa.Schema | None = None,
     ) -> pa.Table:
+        if filter is None and columns is not None:
+            return self.source.columns(columns)
         t = self.table if filter is None else self.table.filter(filter)
         return t if columns is None else t.select(list(columns))
 

@@ -23,7 +23,6 @@ from memwal_df.format.rows import TOMBSTONE
 from memwal_df.format.storage import Storage
 from memwal_df.read.expr.predicate import referenced_columns
 from memwal_df.read.lsm.fragments import take_addresses
-from memwal_df.read.lsm.keys import key_array
 from memwal_df.read.lsm.levels import GenerationLevel, Level, MemTableLevel
 from memwal_df.read.search.fts.base_terms import base_parts
 from memwal_df.read.search.fts.terms import (
@@ -95,7 +94,7 @@ class Bm25Exec(RankedExec):
             indexed = source.terms(column) if source is not None else None
             if indexed is not None and indexed.tokenizer == tokenizer:
                 assert isinstance(level, MemTableLevel) and source is not None
-                keys = key_array([level.table.column(c) for c in pk])
+                keys = level.keys(pk)
                 return PairTerms.of_memtable(indexed, source.positions, keys)
             return TermIndex.build(level.read([*pk, column, TOMBSTONE]), column, pk, tokenizer)
 

@@ -124,7 +124,7 @@ class LevelVectors:
             return cls.read(level, column, primary_key)
         assert isinstance(level, MemTableLevel) and source is not None
         at = source.positions
-        keys = level.table.select(list(primary_key)).combine_chunks()
+        keys = level.read(list(primary_key)).combine_chunks()
         if at is None:  # every row of the MemTable is its key's newest: the index's arrays as they are
             return cls(indexed.matrix, indexed.sqnorms, indexed.usable, keys)
         return cls(indexed.matrix[at], indexed.sqnorms[at], indexed.usable[at], keys)
