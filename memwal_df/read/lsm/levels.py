@@ -1,9 +1,9 @@
 """The levels of the LSM tree a query reads: `GenerationLevel` (a flushed generation, opened lazily)
-and `MemTableLevel` (an unflushed MemTable's rows, copied when the snapshot was taken).
+and `MemTableLevel` (an unflushed MemTable's rows as of when the snapshot was taken).
 
 Every level answers the same questions (its rows, its keys, the rows at some positions, values
 derived from it kept as long as they stay valid); each kind owns how. A position is a row's index in
-the level's scan order: the MemTable copy's row order, or a generation's visible-row order
+the level's scan order: the MemTable snapshot's row order, or a generation's visible-row order
 (`LanceDataset.to_table()` order, which `take()` follows).
 
 Guarantees: a generation's files are checked against its checksum sidecar before anything is read
