@@ -54,47 +54,30 @@ def build(uri: str, base_rows: int) -> None:
 
 
 def start_server(uri: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """`memwal serve` of `uri` as a child process: its URL."""
     root = str(Path(mw.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "memwal_df",
-                "serve",
-                "-t",
-                f"t={uri}",
-                "--port",
-                "0",
-                "--max-queries",
-                "64",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-        )
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    if not url:
-        raise SystemExit(f"the server did not start: {log.read_text()[-2000:]}")
-    return proc, url
+    args = ["-m", "memwal_df", "serve", "-t", f"t={uri}", "--port", "0", "--max-queries", "64"]
+    return start_child(args, log, "the server", env)
 
 
 def start_floor(log: Path) -> tuple[subprocess.Popen, str]:
     """`bench/flight_floor.py` as a child process: its URL."""
+    return start_child([str(Path(__file__).with_name("flight_floor.py"))], log, "the floor server")
+
+
+def start_child(
+    args: list[str], log: Path, what: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """`python args...` as a child process (stderr to `log`) and the URL it prints first."""
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("flight_floor.py"))],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
+            [sys.executable, *args], stdout=subprocess.PIPE, stderr=err, text=True, env=env
         )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     if not url:
-        raise SystemExit(f"the floor server did not start: {log.read_text()[-2000:]}")
+        raise SystemExit(f"{what} did not start: {log.read_text()[-2000:]}")
     return proc, url
 
 
