@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from memwal_df.server.ingest import ServedTable
 from memwal_df.server.statements import Token, tokens
 
-__all__ = ["Lookup", "PointGet", "recognize"]
+__all__ = ["Lookup", "PointGet", "recognize", "shape_of"]
 
 _INTEGER = re.compile(r"-?\d+")
 
@@ -117,7 +117,12 @@ def _key_value(token: Token, key_type: pa.DataType, params: pa.Table | None) -> 
 
 def recognize(sql: str) -> PointGet | None:
     """The point get `sql` is (placeholders numbered `$n`), None for any other statement."""
-    toks = tokens(sql)
+    return shape_of(tokens(sql))
+
+
+def shape_of(statement_tokens: list[Token]) -> PointGet | None:
+    """`recognize` for a statement already tokenized (the list is not changed)."""
+    toks = list(statement_tokens)
     while toks and toks[-1].text == ";":
         toks.pop()
     if len(toks) < 8 or toks[0].upper != "SELECT":

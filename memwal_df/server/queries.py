@@ -31,7 +31,7 @@ from memwal_df.server.catalog import PrimaryKeys
 from memwal_df.server.handles import Handles
 from memwal_df.server.ingest import ServedTable, Writes, insert_parameter_schema, parameter_sets
 from memwal_df.server.limits import Deadline, Limits, Slots
-from memwal_df.server.point_get import Lookup, PointGet, recognize
+from memwal_df.server.point_get import Lookup, PointGet, shape_of
 from memwal_df.server.protocol import pack, schema_bytes, sql
 from memwal_df.server.statements import Delete, Insert, Query, Statement, number_placeholders, parse, tokens
 from memwal_df.server.status import InvalidRequest, PermissionDenied, TooLarge, guarded_stream
@@ -82,9 +82,10 @@ def _classify(text: str) -> Prepared:
     statement = parse(numbered)
     returns_rows, point_get = False, None
     if isinstance(statement, Query):
-        first = tokens(statement.sql)[0]
+        toks = tokens(statement.sql)
+        first = toks[0]
         returns_rows = first.upper in _QUERY_WORDS or first.text == "("
-        point_get = recognize(statement.sql) if first.upper == "SELECT" else None
+        point_get = shape_of(toks) if first.upper == "SELECT" else None  # tokenized once for both
     return Prepared(numbered, statement, count, returns_rows=returns_rows, point_get=point_get)
 
 
